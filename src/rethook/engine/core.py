@@ -1,0 +1,641 @@
+"""The pure-Python hook core: the ``sys.monitoring`` callbacks and the per-thread shadow stacks.
+
+This is rethook's hot path, the part that runs on every call of a hooked function. Everything
+else (registration, filters, dispatch tables, teardown) is in :mod:`rethook.engine.engine`, which
+drives this module through the small interface at the bottom (:class:`PyCore`). A C twin will
+implement the same interface and the same contract.
+
+The shadow stack
+================
+
+Each thread owns one shadow stack (``ThreadState.stack``), shared by every graph user. Every
+call of a hooked function pushes one entry and its exit pops it::
+
+    ThreadState.stack                      a record (a plain list)
+    +-----------+                          +---------------------------------------------+
+    | record    |  outermost hooked call   | [REC_KEY]       what the exit is matched by: |
+    | marker    |  (declined: no claims)   |                 code (plain function) or     |
+    |    ...    |                          |                 frame (generator/coroutine)  |
+    | record    |  innermost = top         | [REC_CODE]      code object                  |
+    +-----------+                          | [REC_FRAME]     frame, or None if not wanted |
+                                           | [REC_TIME]      entry time ns, 0 if not wanted|
+    a marker is the shared tuple (code,)   | [REC_SLEEP]     ns spent suspended so far    |
+    of a plain function whose entry every  | [REC_PARKED_AT] ns when last suspended       |
+    user declined (or that overran): it    | reg, data       claim 0, in entry order      |
+    keeps exits matched by code exact.     | reg, data       claim 1 ...                  |
+                                           +---------------------------------------------+
+
+A *claim* (a registration and its entry data) is the kernel's bit in the frame's bitmap plus its
+reserved data: "call this registration's return handler for this call, with this data". Claims
+hold the registration object itself, never a slot number, so a return pushed under one
+registration can never call a user registered later in the same slot.
+
+Rules
+-----
+1. Entry: entry users (ftrace_ops) run first. Then each graph registration of the code's
+   dispatch entry, in slot order, runs its entry handler; an answer other than ``None``/
+   ``False`` is the entry data and appends a claim. No claim: a plain function pushes its
+   marker, a generator nothing.
+2. Exit (PY_RETURN, PY_UNWIND) of a plain function pops the top entry when its key is the
+   code. That is exact because every entry of a hooked plain function pushes, and the engine
+   keeps a function's events on while any entry of it is open ("draining"), so an exit is never
+   matched with an outer call of the same function. A generator's entry is matched by frame.
+   Anything else (a frame entered before its events were turned on) is looked up by frame in
+   the slow path and otherwise ignored; entries found above it left unseen and are delivered
+   with FLAG_UNFINISHED. Claims are popped from the end: return handlers run in reverse entry
+   order, each exactly once.
+3. Suspension (PY_YIELD): the generator/coroutine's record moves to the global ``_parked``
+   table, keyed by frame; PY_RESUME or PY_THROW (possibly in another thread) moves it back
+   onto the resuming thread's stack and adds the suspended time to REC_SLEEP.
+4. Recursion: while a thread runs a handler (``ThreadState.busy``), events on that thread are
+   ignored; entries so skipped are counted in ``recursion`` and in each wanting user's
+   ``nmissed``. A handler may call hooked code.
+5. Depth: past ``max_depth`` no record is pushed (only the marker); counted in ``overrun``.
+6. Handler errors never reach the traced program: each is counted and reported once per
+   registration; the other users still run.
+7. Only the owning thread pops entries and claims. The engine's sweep removes claims only
+   while every other thread is outside the core or held at a transition's start
+   (``_sweeping`` makes them wait on ``sweep_lock``), so no claim is delivered twice.
+
+Contract of the hot path (what the C twin must match)
+-----------------------------------------------------
+Reads: ``_table`` (``id(code) -> (entry_regs, graph_regs, flags, marker)``, replaced whole,
+never mutated), ``_max_depth``, ``_sweeping``. Writes: the current thread's ``ThreadState`` and
+``_parked``. Calls: handlers of the registrations it finds, ``time.perf_counter_ns`` (only when
+``flags & WANT_TIME``), ``sys._getframe`` (only when ``flags & WANT_FRAME``). Never returns
+``sys.monitoring.DISABLE`` (so another tool's ``restart_events()`` changes nothing), never raises
+into the program except a ``KeyboardInterrupt``/``SystemExit`` from a handler, re-raised after
+the call's bookkeeping is done.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from types import CodeType, FrameType
+from typing import Any
+
+# Record layout (see the module docstring).
+REC_KEY = 0
+REC_CODE = 1
+REC_FRAME = 2
+REC_TIME = 3
+REC_SLEEP = 4
+REC_PARKED_AT = 5
+REC_HEADER = 6
+
+#: Dispatch-entry flags, computed per code object when the table is built.
+WANT_FRAME = 1  # some user of this code needs the frame (always for generators)
+WANT_TIME = 2  # some user of this code needs timestamps
+GENERATOR = 4  # generator, coroutine or async generator: entries matched by frame
+
+#: Return-handler flags.
+FLAG_UNFINISHED = 1  # the call was still open at teardown (unregister, stop, thread end)
+FLAG_CLOSED = 2  # a suspended generator/coroutine was closed or collected without an event
+
+DEFAULT_MAX_DEPTH = 65536
+
+_getframe = sys._getframe
+_now = time.perf_counter_ns
+
+
+class ThreadState:
+    """One thread's shadow stack and counters (the kernel's ``current->ret_stack``)."""
+
+    __slots__ = ("stack", "busy", "waiting", "tid", "recursion", "overrun", "inflight",
+                 "__weakref__")
+
+    def __init__(self, tid: int) -> None:
+        self.stack: list = []
+        self.busy = False  # a handler (or the core itself) is running on this thread
+        self.waiting = False  # held at the start of a transition by an engine sweep
+        self.tid = tid
+        self.recursion = 0  # events skipped because a handler was running
+        self.overrun = 0  # calls not recorded because the shadow stack was full
+        self.inflight: list[list] = []  # records whose claims deliver() is calling now
+
+
+class Registration:
+    """One registered graph user in one slot. Claims point here, never at the slot number."""
+
+    __slots__ = (
+        "ops", "index", "entryfunc", "retfunc", "suspendfunc", "resumefunc",
+        "errors", "reported", "nmissed", "__weakref__",
+    )
+
+    def __init__(self, ops: Any, index: int) -> None:
+        self.ops = ops
+        self.index = index
+        self.entryfunc: Callable[..., Any] = getattr(ops, "entryfunc", None) or _accept_all
+        self.retfunc: Callable[..., Any] | None = getattr(ops, "retfunc", None)
+        self.suspendfunc: Callable[..., Any] | None = getattr(ops, "suspendfunc", None)
+        self.resumefunc: Callable[..., Any] | None = getattr(ops, "resumefunc", None)
+        self.errors = 0  # exceptions raised by this user's handlers
+        self.reported = False
+        self.nmissed = 0  # calls this user could not see: recursion or a full shadow stack
+
+    def __repr__(self) -> str:
+        return f"<Registration slot={self.index} ops={self.ops!r}>"
+
+
+class EntryRegistration:
+    """One registered entry user (ftrace_ops), with the same error bookkeeping."""
+
+    __slots__ = ("ops", "func", "errors", "reported", "nmissed")
+
+    def __init__(self, ops: Any) -> None:
+        self.ops = ops
+        self.func: Callable[[CodeType, FrameType], Any] = ops.func
+        self.errors = 0
+        self.reported = False
+        self.nmissed = 0
+
+    def __repr__(self) -> str:
+        return f"<EntryRegistration ops={self.ops!r}>"
+
+
+def _accept_all(code: CodeType, frame: FrameType | None, depth: int, t: int) -> bool:
+    return True
+
+
+# --- state read by the hot path -------------------------------------------------------------
+_table: dict[int, tuple] = {}
+_parked: dict[FrameType, list] = {}
+_max_depth = DEFAULT_MAX_DEPTH
+_sweeping = False
+sweep_lock = threading.RLock()
+_local = threading.local()
+_threads: dict[int, ThreadState] = {}
+_threads_lock = threading.Lock()
+_park_limit = 1024  # parked records past which _overflow runs (the engine raises it as needed)
+_overflow: Callable[[], None] | None = None  # looks for closed/collected generators
+_dead_counts = [0, 0]  # recursion, overrun counters of threads that have ended
+
+
+class _ThreadEndGuard:
+    """Lives in the thread-local; its finaliser flushes the thread's open calls at thread end."""
+
+    __slots__ = ("ts",)
+
+    def __init__(self, ts: ThreadState) -> None:
+        self.ts = ts
+
+    def __del__(self) -> None:
+        try:
+            flush_thread(self.ts)
+        except Exception:  # interpreter shutdown: nothing left to tell
+            pass
+
+
+def _new_thread_state() -> ThreadState:
+    tid = threading.get_ident()
+    ts = ThreadState(tid)
+    _local.ts = ts
+    _local.guard = _ThreadEndGuard(ts)
+    with _threads_lock:
+        _threads[tid] = ts
+    return ts
+
+
+def handler_failed(reg: Any, exc: BaseException) -> None:
+    """Count a handler's exception and report it once per registration, with its traceback."""
+    reg.errors += 1
+    if not reg.reported:
+        reg.reported = True
+        print(f"rethook: a handler of {reg.ops!r} raised (reported once, counted after):",
+              file=sys.stderr)
+        traceback.print_exception(exc, file=sys.stderr)
+
+
+# --- delivery (shared by the exits and by the engine's teardown) ------------------------------
+def deliver(rec: list | tuple, depth: int, retval: Any, exc: BaseException | None, t: int,
+            flags: int) -> None:
+    """Pop every claim off a record (newest first) and call each return handler once."""
+    if len(rec) <= REC_HEADER:
+        return  # a marker, or a record whose claims were all swept
+    code = rec[REC_CODE]
+    frame = rec[REC_FRAME]
+    t0 = rec[REC_TIME]
+    sleep = rec[REC_SLEEP]
+    pending: BaseException | None = None
+    # A handler may unregister another user of this very call: the engine's sweep then finds
+    # the record here and takes that user's claim (its return becomes FLAG_UNFINISHED).
+    inflight = _inflight()
+    inflight.append(rec)
+    try:
+        while len(rec) > REC_HEADER:
+            data = rec.pop()
+            reg = rec.pop()
+            fn = reg.retfunc
+            if fn is None:
+                continue
+            try:
+                fn(code, frame, depth, data, retval, exc, t0, t, sleep, flags)
+            except Exception as e:
+                handler_failed(reg, e)
+            except BaseException as e:  # KeyboardInterrupt/SystemExit: finish the others
+                pending = e
+    finally:
+        inflight.pop()
+    if pending is not None:
+        raise pending
+
+
+def _inflight() -> list:
+    try:
+        return _local.ts.inflight
+    except AttributeError:
+        return []
+
+
+def _notify(rec: list, depth: int, t: int, resume: bool) -> None:
+    """Tell a record's users that its generator/coroutine was suspended or resumed."""
+    code = rec[REC_CODE]
+    frame = rec[REC_FRAME]
+    for i in range(REC_HEADER, len(rec), 2):
+        reg = rec[i]
+        fn = reg.resumefunc if resume else reg.suspendfunc
+        if fn is None:
+            continue
+        try:
+            fn(code, frame, depth, rec[i + 1], t)
+        except Exception as e:
+            handler_failed(reg, e)
+
+
+def _find_exit(ts: ThreadState, frame: FrameType) -> list | tuple | None:
+    """Slow exit path: pop ``frame``'s entry; flush the ones above it, which left unseen."""
+    stack = ts.stack
+    for i in range(len(stack) - 1, -1, -1):
+        rec = stack[i]
+        if len(rec) > REC_FRAME and rec[REC_FRAME] is frame:
+            break
+    else:
+        return None  # entered before its events were on: nothing to do
+    t = _now()
+    while len(stack) > i + 1:
+        stale = stack.pop()
+        deliver(stale, len(stack), None, None, t, FLAG_UNFINISHED)
+    return stack.pop()
+
+
+def _wait_sweep(ts: ThreadState) -> None:
+    """Hold this thread at the start of a transition while the engine sweeps (rule 7)."""
+    ts.waiting = True
+    try:
+        with sweep_lock:
+            pass
+    finally:
+        ts.waiting = False
+
+
+# --- the sys.monitoring callbacks ------------------------------------------------------------
+# Each callback sets ``busy`` before it reads the dispatch table or changes the stack, so once
+# the engine has published a new table and seen every other thread not busy (or waiting), no
+# thread can still act on the old one.
+
+def _missed(code: CodeType, graph_only: bool) -> None:
+    """Charge a call nobody could see to each user that wanted it (their ``nmissed``)."""
+    dispatch = _table.get(id(code))
+    if dispatch is None:
+        return
+    for reg in dispatch[1] if graph_only else dispatch[0] + dispatch[1]:
+        reg.nmissed += 1
+
+
+def _on_start(code: CodeType, offset: int) -> None:
+    try:
+        ts = _local.ts
+    except AttributeError:
+        ts = _new_thread_state()
+    if ts.busy:
+        ts.recursion += 1
+        _missed(code, False)
+        return
+    ts.busy = True
+    try:
+        if _sweeping:
+            _wait_sweep(ts)
+        try:
+            entry_regs, graph, flags, marker = _table[id(code)]
+        except KeyError:  # not (or no longer) hooked
+            return
+        frame = _getframe(1) if flags & WANT_FRAME else None
+        if entry_regs:
+            _call_entry_users(entry_regs, code, frame)
+        if not graph:
+            if marker is not None:  # draining: keep exits of this function matched
+                ts.stack.append(marker)
+            return
+        stack = ts.stack
+        depth = len(stack)
+        t = _now() if flags & WANT_TIME else 0
+        if len(graph) == 1 and depth < _max_depth:  # one user: no loop, one allocation
+            reg = graph[0]
+            try:
+                data = reg.entryfunc(code, frame, depth, t)
+            except Exception as exc:
+                handler_failed(reg, exc)
+                data = None
+            except BaseException:  # keep the exit matched, then let it through
+                if marker is not None:
+                    stack.append(marker)
+                raise
+            if data is not None and data is not False:
+                stack.append([frame if flags & GENERATOR else code, code, frame, t, 0, 0,
+                              reg, data])
+            elif marker is not None:
+                stack.append(marker)
+        else:
+            _start_many(ts, code, frame, graph, flags, marker, depth, t)
+    finally:
+        ts.busy = False
+
+
+def _call_entry_users(entry_regs: tuple, code: CodeType, frame: FrameType) -> None:
+    for e in entry_regs:
+        try:
+            e.func(code, frame)
+        except Exception as exc:
+            handler_failed(e, exc)
+
+
+def _start_many(ts: ThreadState, code: CodeType, frame: FrameType | None, graph: tuple,
+                flags: int, marker: tuple | None, depth: int, t: int) -> None:
+    """Entry with several graph users, or past the depth limit."""
+    stack = ts.stack
+    if depth >= _max_depth:
+        ts.overrun += 1
+        _missed(code, True)
+        if marker is not None:
+            stack.append(marker)
+        return
+    rec = [frame if flags & GENERATOR else code, code, frame, t, 0, 0]
+    pending: BaseException | None = None
+    for reg in graph:
+        try:
+            data = reg.entryfunc(code, frame, depth, t)
+        except Exception as exc:
+            handler_failed(reg, exc)
+            continue
+        except BaseException as exc:
+            pending = exc
+            continue
+        if data is not None and data is not False:
+            rec.append(reg)
+            rec.append(data)
+    if len(rec) > REC_HEADER:
+        stack.append(rec)
+    elif marker is not None:
+        stack.append(marker)
+    if pending is not None:
+        raise pending
+
+
+def _on_return(code: CodeType, offset: int, retval: Any) -> None:
+    try:
+        ts = _local.ts
+    except AttributeError:
+        return  # this thread never pushed anything
+    stack = ts.stack
+    if not stack:
+        return
+    if ts.busy:
+        return
+    ts.busy = True
+    try:
+        if _sweeping:
+            _wait_sweep(ts)
+        rec = stack[-1]
+        if rec[REC_KEY] is code:
+            stack.pop()
+        else:
+            rec = _exit_by_frame(ts, _getframe(1))
+            if rec is None:
+                return
+        if len(rec) == REC_HEADER + 2:  # the common case: one claim, delivered in place
+            reg = rec[REC_HEADER]
+            fn = reg.retfunc
+            if fn is not None:
+                t0 = rec[REC_TIME]
+                try:
+                    fn(code, rec[REC_FRAME], len(stack), rec[REC_HEADER + 1], retval, None, t0,
+                       _now() if t0 else 0, rec[REC_SLEEP], 0)
+                except Exception as exc:
+                    handler_failed(reg, exc)
+        elif len(rec) > REC_HEADER:
+            deliver(rec, len(stack), retval, None, _now() if rec[REC_TIME] else 0, 0)
+    finally:
+        ts.busy = False
+
+
+def _exit_by_frame(ts: ThreadState, frame: FrameType) -> list | tuple | None:
+    """An exit whose code is not the top entry's key: a generator's, or an unmatched one."""
+    stack = ts.stack
+    if stack[-1][REC_KEY] is frame:
+        return stack.pop()
+    return _find_exit(ts, frame)
+
+
+def _on_unwind(code: CodeType, offset: int, exc: BaseException) -> None:
+    # Global event: fires for every frame an exception leaves, hooked or not.
+    try:
+        ts = _local.ts
+    except AttributeError:
+        return
+    stack = ts.stack
+    if not stack or ts.busy:
+        return  # (unwinds inside handlers belong to calls the handler made: not misses)
+    if stack[-1][REC_KEY] is not code and id(code) not in _table:
+        return  # not hooked (draining code stays in the table)
+    ts.busy = True
+    try:
+        if _sweeping:
+            _wait_sweep(ts)
+        if stack[-1][REC_KEY] is code:
+            rec = stack.pop()
+        else:
+            rec = _exit_by_frame(ts, _getframe(1))
+            if rec is None:
+                return
+        deliver(rec, len(stack), None, exc, _now() if rec[REC_TIME] else 0, 0)
+    finally:
+        ts.busy = False
+
+
+def _on_yield(code: CodeType, offset: int, value: Any) -> None:
+    try:
+        ts = _local.ts
+    except AttributeError:
+        return
+    stack = ts.stack
+    if not stack:
+        return
+    if ts.busy:
+        return
+    ts.busy = True
+    try:
+        if _sweeping:
+            _wait_sweep(ts)
+        frame = _getframe(1)
+        rec = _exit_by_frame(ts, frame)
+        if rec is None:
+            return
+        t = _now()
+        rec[REC_PARKED_AT] = t
+        _parked[frame] = rec
+        _notify(rec, len(stack), t, False)
+        if len(_parked) > _park_limit and _overflow is not None:
+            _overflow()
+    finally:
+        ts.busy = False
+
+
+def _on_resume(code: CodeType, offset: int, *exc: Any) -> None:
+    # PY_RESUME (code, offset) and PY_THROW (code, offset, exception) share this callback;
+    # PY_THROW is global, so it mostly finds nothing parked for its frame.
+    if not _parked:
+        return
+    try:
+        ts = _local.ts
+    except AttributeError:
+        ts = _new_thread_state()
+    if ts.busy:
+        return
+    ts.busy = True
+    try:
+        if _sweeping:
+            _wait_sweep(ts)
+        rec = _parked.pop(_getframe(1), None)
+        if rec is None:
+            return
+        t = _now()
+        rec[REC_SLEEP] += t - rec[REC_PARKED_AT]
+        stack = ts.stack
+        _notify(rec, len(stack), t, True)
+        stack.append(rec)
+    finally:
+        ts.busy = False
+
+
+def flush_thread(ts: ThreadState) -> None:
+    """Deliver every open call of a finished thread as unfinished and forget the thread."""
+    with _threads_lock:
+        if _threads.get(ts.tid) is ts:
+            del _threads[ts.tid]
+            _dead_counts[0] += ts.recursion
+            _dead_counts[1] += ts.overrun
+    stack = ts.stack
+    if not stack:
+        return
+    t = _now()
+    ts.busy = True
+    try:
+        while stack:
+            rec = stack.pop()
+            deliver(rec, len(stack), None, None, t, FLAG_UNFINISHED)
+    finally:
+        ts.busy = False
+
+
+# --- the interface the engine drives ---------------------------------------------------------
+class PyCore:
+    """The pure-Python core behind the small interface every core implements."""
+
+    name = "python"
+
+    LOCAL_CALL_EVENTS = sys.monitoring.events.PY_START
+    LOCAL_RETURN_EVENTS = (
+        sys.monitoring.events.PY_RETURN
+        | sys.monitoring.events.PY_YIELD
+        | sys.monitoring.events.PY_RESUME
+    )
+    GLOBAL_EVENTS = sys.monitoring.events.PY_UNWIND | sys.monitoring.events.PY_THROW
+    _CALLBACKS = (
+        ("PY_START", _on_start), ("PY_RETURN", _on_return), ("PY_UNWIND", _on_unwind),
+        ("PY_YIELD", _on_yield), ("PY_RESUME", _on_resume), ("PY_THROW", _on_resume),
+    )
+
+    def __init__(self) -> None:
+        self.tool_id: int | None = None
+
+    def install(self, tool_id: int) -> None:
+        """Register the callbacks on ``tool_id`` and turn on the global exit events."""
+        mon = sys.monitoring
+        for event, callback in self._CALLBACKS:
+            mon.register_callback(tool_id, getattr(mon.events, event), callback)
+        mon.set_events(tool_id, self.GLOBAL_EVENTS)
+        self.tool_id = tool_id
+
+    def uninstall(self) -> None:
+        mon = sys.monitoring
+        if self.tool_id is None:
+            return
+        mon.set_events(self.tool_id, 0)
+        for event, _ in self._CALLBACKS:
+            mon.register_callback(self.tool_id, getattr(mon.events, event), None)
+        self.tool_id = None
+
+    @staticmethod
+    def publish(table: dict[int, tuple]) -> None:
+        """Swap in a new dispatch table (one reference store: atomic for every thread)."""
+        global _table
+        _table = table
+
+    @staticmethod
+    def set_max_depth(depth: int) -> None:
+        global _max_depth
+        _max_depth = depth
+
+    @staticmethod
+    def set_sweeping(on: bool) -> None:
+        global _sweeping
+        _sweeping = on
+
+    @staticmethod
+    def set_overflow(hook: Callable[[], None] | None, limit: int) -> None:
+        global _overflow, _park_limit
+        _overflow = hook
+        _park_limit = limit
+
+    @staticmethod
+    def sweep_lock() -> threading.RLock:
+        return sweep_lock
+
+    @staticmethod
+    def dead_counts() -> tuple[int, int]:
+        return _dead_counts[0], _dead_counts[1]
+
+    @staticmethod
+    def thread_states() -> list[ThreadState]:
+        with _threads_lock:
+            return list(_threads.values())
+
+    @staticmethod
+    def current_thread_state() -> ThreadState | None:
+        return getattr(_local, "ts", None)
+
+    @staticmethod
+    def parked() -> dict[FrameType, list]:
+        return _parked
+
+    @staticmethod
+    def after_fork_in_child() -> None:
+        """Keep the forking thread's state, forget the others (their calls are the parent's)."""
+        global sweep_lock, _threads_lock
+        sweep_lock = threading.RLock()
+        _threads_lock = threading.Lock()
+        me = getattr(_local, "ts", None)
+        _threads.clear()
+        if me is not None:
+            me.tid = threading.get_ident()
+            me.busy = False
+            _threads[me.tid] = me
+
+    Registration = Registration
+    EntryRegistration = EntryRegistration
+    deliver = staticmethod(deliver)
+    handler_failed = staticmethod(handler_failed)

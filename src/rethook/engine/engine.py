@@ -1,0 +1,712 @@
+"""The hook engine's control side: users, slots, per-code dispatch, live changes and teardown.
+
+Users (the kernel's ``ftrace_ops`` and ``fgraph_ops``) register here with a filter. The engine
+resolves every filter against the function registry once, builds one dispatch entry per hooked
+code object (the kernel's per-function trampoline), publishes the whole table with one reference
+swap, and turns ``sys.monitoring`` local events on for exactly the code objects some user wants.
+Code nobody wants has no events and runs at full speed. The hot path that uses the table is in
+:mod:`rethook.engine.core`; this module never runs per call.
+
+Changing users while other threads run hooked code
+--------------------------------------------------
+Adding is simple: publish, then turn events on. Removing a user or a function needs the
+*sweep*, the engine's ``synchronize_rcu``: publish the table without it, wait until every other
+thread has been seen outside the core (``ThreadState.busy`` clear, or held at a transition's
+start by ``sweep_lock``), then, holding the lock, take the retired registrations' claims off
+every shadow stack and parked record and deliver them as ``FLAG_UNFINISHED``, and wait once
+more so no delivery to a retired user is still running when ``unregister`` returns. A code
+object that leaves every filter while calls of it are still open keeps its return events
+("draining") until those calls end, so they still get their normal return.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterable
+from types import CodeType, FrameType
+from typing import Any
+
+from rethook.engine import core as _core
+from rethook.engine import toolid
+from rethook.engine.core import (
+    DEFAULT_MAX_DEPTH,
+    FLAG_CLOSED,
+    FLAG_UNFINISHED,
+    GENERATOR,
+    REC_CODE,
+    REC_FRAME,
+    REC_HEADER,
+    REC_PARKED_AT,
+    REC_SLEEP,
+    REC_TIME,
+    WANT_FRAME,
+    WANT_TIME,
+)
+from rethook.engine.filters import FunctionFilter
+from rethook.engine.registry import FunctionInfo, Registry, default_registry
+
+#: Number of graph-user slots (the kernel's FGRAPH_ARRAY_SIZE is 16).
+FGRAPH_ARRAY_SIZE = 64
+#: Parked records that trigger a search for closed/collected generators (doubles as they grow).
+PARKED_HIGH_WATER = 1024
+#: A sweep that waits longer than this for a thread to leave its handler says so.
+QUIESCE_WARN_SECONDS = 2.0
+
+#: co_flags of code whose calls suspend: generators, coroutines, async generators.
+SUSPENDING = 0x20 | 0x80 | 0x100 | 0x200
+
+
+class EngineError(RuntimeError):
+    """A user cannot be registered or unregistered."""
+
+
+def _decline(code: CodeType, frame: FrameType | None, depth: int, t: int) -> None:
+    return None
+
+
+def _ignore(code: CodeType, frame: FrameType | None) -> None:
+    return None
+
+
+def _own_code(info: FunctionInfo) -> bool:
+    """rethook never hooks itself (the kernel's ``notrace`` on the tracing code)."""
+    return info.module == "rethook" or info.module.startswith("rethook.")
+
+
+class _Ops:
+    """What entry and graph users share: a name, a filter and the engine they are on."""
+
+    def __init__(self, filter: Iterable[str] | str = (), notrace: Iterable[str] | str = (),
+                 name: str | None = None, registry: Registry | None = None) -> None:
+        if isinstance(filter, str):
+            filter = filter.split()
+        if isinstance(notrace, str):
+            notrace = notrace.split()
+        self.name = name or type(self).__name__
+        self.filter = FunctionFilter(filter, notrace, registry=registry)
+        self.engine: Engine | None = None
+
+    def set_filter(self, text: str, append: bool = False) -> None:
+        """``echo text > set_ftrace_filter`` (or ``>>`` with ``append``), applied at once."""
+        self.filter.write_filter(text, append=append)
+        if self.engine is not None:
+            self.engine.update(self)
+
+    def set_notrace(self, text: str, append: bool = False) -> None:
+        """``echo text > set_ftrace_notrace`` (or ``>>``), applied at once."""
+        self.filter.write_notrace(text, append=append)
+        if self.engine is not None:
+            self.engine.update(self)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r}>"
+
+
+class FtraceOps(_Ops):
+    """An entry user, the kernel's ``ftrace_ops``: ``func(code, frame)`` on every matching call.
+
+    ``frame`` is the called function's frame, so ``frame.f_back`` is the caller (the kernel's
+    ``parent_ip``) and ``frame.f_locals`` holds the arguments. Pass ``func`` or override it.
+    """
+
+    def __init__(self, func: Callable[[CodeType, FrameType], Any] | None = None, *,
+                 filter: Iterable[str] | str = (), notrace: Iterable[str] | str = (),
+                 name: str | None = None, registry: Registry | None = None) -> None:
+        super().__init__(filter, notrace, name, registry)
+        if func is not None:
+            self.func = func  # type: ignore[method-assign]
+
+    def func(self, code: CodeType, frame: FrameType) -> None:
+        raise NotImplementedError("pass func= or override FtraceOps.func")
+
+
+class FgraphOps(_Ops):
+    """A graph user, the kernel's ``fgraph_ops``, on the shared per-thread shadow stack.
+
+    ``entryfunc(code, frame, depth, t_entry)`` runs at entry; ``None`` or ``False`` declines,
+    anything else accepts and is the call's *entry data*, handed back to this user's
+    ``retfunc(code, frame, depth, data, retval, exc, t_entry, t_exit, sleep, flags)`` exactly
+    once: on return (``exc`` is ``None``), on an exception (``exc`` is it, ``retval`` is
+    ``None``), or at teardown with ``flags & FLAG_UNFINISHED``. ``sleep`` is the time in ns a
+    generator or coroutine spent suspended; ``t_exit - t_entry`` is the wall duration.
+    Optional ``suspendfunc``/``resumefunc(code, frame, depth, data, t)`` see yields and
+    resumes (the await points). Without an ``entryfunc`` every call is accepted with data
+    ``True``.
+
+    A user that needs no frame or no timestamps sets ``wants_frame``/``wants_time`` to
+    ``False``; functions whose users all say so skip that work (handlers then get ``None``/0).
+    """
+
+    wants_frame = True
+    wants_time = True
+
+    def __init__(self, entryfunc: Callable[..., Any] | None = None,
+                 retfunc: Callable[..., Any] | None = None, *,
+                 suspendfunc: Callable[..., Any] | None = None,
+                 resumefunc: Callable[..., Any] | None = None,
+                 filter: Iterable[str] | str = (), notrace: Iterable[str] | str = (),
+                 name: str | None = None, registry: Registry | None = None) -> None:
+        super().__init__(filter, notrace, name, registry)
+        if entryfunc is not None:
+            self.entryfunc = entryfunc
+        elif not hasattr(self, "entryfunc"):
+            self.entryfunc = _core._accept_all
+        if retfunc is not None:
+            self.retfunc = retfunc
+        if suspendfunc is not None:
+            self.suspendfunc = suspendfunc
+        if resumefunc is not None:
+            self.resumefunc = resumefunc
+        self._task = threading.local()
+
+    def task_var(self) -> dict[str, Any]:
+        """This user's private variables for the calling thread (``fgraph_get_task_var``)."""
+        try:
+            return self._task.vars
+        except AttributeError:
+            self._task.vars = d = {}
+            return d
+
+    def parent_data(self, depth: int = 1) -> Any:
+        """Entry data this user stored on its ``depth``-th enclosing call on this thread.
+
+        From inside an entry or return handler, ``depth=1`` is the nearest caller this user
+        accepted (the kernel's ``fgraph_retrieve_parent_data``). ``None`` if there is none.
+        """
+        if self.engine is None:
+            return None
+        return self.engine.parent_data(self, depth)
+
+
+class Engine:
+    """One process-wide hook: every user shares its tool id, its callbacks and shadow stacks."""
+
+    def __init__(self, registry: Registry | None = None,
+                 max_depth: int = DEFAULT_MAX_DEPTH) -> None:
+        self.registry = registry or default_registry()
+        self.core = _core.PyCore()
+        self.max_depth = max_depth
+        self.tool_id: int | None = None
+        self._lock = threading.RLock()
+        self._slots: list[_core.Registration | None] = [None] * FGRAPH_ARRAY_SIZE
+        self._graph: dict[FgraphOps, _core.Registration] = {}
+        self._entry: dict[FtraceOps, _core.EntryRegistration] = {}
+        self._selection: dict[_Ops, set[CodeType]] = {}
+        self._events: dict[int, tuple[CodeType, int]] = {}  # local events we have set
+        self._table: dict[int, tuple] = {}
+        self._unsubscribe: Callable[[], None] | None = None
+        self._parked_limit = PARKED_HIGH_WATER
+        self._closed_deliveries = 0
+        self._unfinished_deliveries = 0
+
+    # --- lifecycle ------------------------------------------------------------------------
+    @property
+    def running(self) -> bool:
+        return self.tool_id is not None
+
+    def start(self) -> None:
+        """Claim a tool id and install the callbacks (done by the first registration)."""
+        with self._lock:
+            if self.running:
+                return
+            global _active
+            if _active is not None and _active is not self:
+                raise EngineError("another rethook engine is running in this process")
+            self.tool_id = toolid.acquire()
+            self.core.set_max_depth(self.max_depth)
+            self.core.publish({})
+            self.core.install(self.tool_id)
+            self.core.set_overflow(self._parked_overflow, self._parked_limit)
+            self._unsubscribe = self.registry.subscribe(self._on_new_functions)
+            _active = self
+
+    def stop(self) -> None:
+        """Unregister every user (open calls get FLAG_UNFINISHED) and give the tool id back."""
+        with self._lock:
+            if not self.running:
+                return
+            global _active
+            self.collect_parked()
+            retired = list(self._graph.values())
+            self._graph.clear()
+            self._entry.clear()
+            self._selection.clear()
+            self._slots = [None] * FGRAPH_ARRAY_SIZE
+            self._reconcile(retired, everything=True)
+            for code, _ in self._events.values():
+                sys.monitoring.set_local_events(self.tool_id, code, 0)
+            self._events.clear()
+            self.core.publish({})
+            self.core.set_overflow(None, PARKED_HIGH_WATER)
+            self.core.uninstall()
+            for ts in self.core.thread_states():
+                ts.stack.clear()
+            self.core.parked().clear()
+            if self._unsubscribe is not None:
+                self._unsubscribe()
+                self._unsubscribe = None
+            toolid.release(self.tool_id)
+            self.tool_id = None
+            _active = None
+
+    def __enter__(self) -> Engine:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # --- users ----------------------------------------------------------------------------
+    def register_ftrace_function(self, ops: FtraceOps) -> None:
+        """Start calling ``ops.func`` on entry of every function its filter matches."""
+        with self._lock:
+            if ops in self._entry:
+                raise EngineError(f"{ops!r} is already registered")
+            self.start()
+            self._entry[ops] = _core.EntryRegistration(ops)
+            self._selection[ops] = self._select(ops)
+            ops.engine = self
+            self._reconcile([])
+
+    def unregister_ftrace_function(self, ops: FtraceOps) -> None:
+        with self._lock:
+            ereg = self._entry.pop(ops, None)
+            if ereg is None:
+                raise EngineError(f"{ops!r} is not registered")
+            self._selection.pop(ops, None)
+            ops.engine = None
+            self._reconcile([], removing=True)
+            ereg.func = _ignore
+            self._maybe_stop()
+
+    def register_ftrace_graph(self, ops: FgraphOps) -> None:
+        """Give ``ops`` a slot and hook every function its filter matches."""
+        with self._lock:
+            if ops in self._graph:
+                raise EngineError(f"{ops!r} is already registered")
+            try:
+                index = self._slots.index(None)
+            except ValueError:
+                users = ", ".join(repr(r.ops) for r in self._slots if r is not None)
+                raise EngineError(
+                    f"all {FGRAPH_ARRAY_SIZE} fgraph slots are in use ({users}); "
+                    f"unregister one before registering {ops!r}") from None
+            self.start()
+            reg = _core.Registration(ops, index)
+            self._slots[index] = reg
+            self._graph[ops] = reg
+            self._selection[ops] = self._select(ops)
+            ops.engine = self
+            self._reconcile([])
+
+    def unregister_ftrace_graph(self, ops: FgraphOps) -> None:
+        """Stop hooking for ``ops``; its open calls get their return now, FLAG_UNFINISHED.
+
+        When this returns, ``ops``' handlers are not running and will not be called again.
+        """
+        with self._lock:
+            reg = self._graph.pop(ops, None)
+            if reg is None:
+                raise EngineError(f"{ops!r} is not registered")
+            self.collect_parked()  # closed generators get FLAG_CLOSED, not FLAG_UNFINISHED
+            self._slots[reg.index] = None
+            self._selection.pop(ops, None)
+            ops.engine = None
+            self._reconcile([reg], removing=True)
+            # An entry still in this user's handler (it unregistered itself) is discarded
+            # like a declined one: nothing calls this registration again.
+            reg.retfunc = reg.suspendfunc = reg.resumefunc = None
+            reg.entryfunc = _decline
+            self._maybe_stop()
+
+    def update(self, ops: _Ops) -> None:
+        """Re-resolve ``ops``' filter after it changed and apply it to every thread."""
+        with self._lock:
+            if ops not in self._selection:
+                return
+            old = self._selection[ops]
+            new = self._select(ops)
+            self._selection[ops] = new
+            self._reconcile([], removing=bool(old - new))
+
+    def set_max_depth(self, depth: int | None) -> None:
+        """Shadow-stack depth past which calls are counted as overruns (None: the default)."""
+        self.max_depth = DEFAULT_MAX_DEPTH if depth is None else int(depth)
+        if self.max_depth < 1:
+            raise ValueError(f"max_depth must be at least 1, got {depth!r}")
+        self.core.set_max_depth(self.max_depth)
+
+    def registration(self, ops: FgraphOps) -> _core.Registration | None:
+        return self._graph.get(ops)
+
+    @property
+    def users(self) -> list[_Ops]:
+        return [*self._entry, *self._graph]
+
+    def _maybe_stop(self) -> None:
+        if not self._graph and not self._entry:
+            self.stop()
+
+    # --- resolution -----------------------------------------------------------------------
+    def _select(self, ops: _Ops) -> set[CodeType]:
+        reg = self.registry
+        return {info.code for info in reg.functions()
+                if not _own_code(info) and ops.filter.matches(info)}
+
+    def _on_new_functions(self, infos: list[FunctionInfo]) -> None:
+        """Registry callback (imports, new code): hook what existing filters now match."""
+        with self._lock:
+            if not self.running:
+                return
+            changed = False
+            for ops, sel in self._selection.items():
+                for info in infos:
+                    if not _own_code(info) and ops.filter.matches(info):
+                        sel.add(info.code)
+                        changed = True
+            if changed:
+                self._reconcile([])
+
+    # --- building and publishing ----------------------------------------------------------
+    def _build(self) -> dict[int, tuple[CodeType, int, tuple]]:
+        """``id(code) -> (code, local events, dispatch entry)`` for the current users."""
+        entry_users: dict[int, list] = {}
+        graph_users: dict[int, list] = {}
+        codes: dict[int, CodeType] = {}
+        for ops, ereg in self._entry.items():
+            for code in self._selection[ops]:
+                codes[id(code)] = code
+                entry_users.setdefault(id(code), []).append(ereg)
+        for reg in self._slots:  # slot order = entry-handler order
+            if reg is None:
+                continue
+            for code in self._selection[reg.ops]:
+                codes[id(code)] = code
+                graph_users.setdefault(id(code), []).append(reg)
+        core = self.core
+        interned: dict[tuple, tuple] = {}
+        out = {}
+        for key, code in codes.items():
+            entry = tuple(entry_users.get(key, ()))
+            graph = tuple(graph_users.get(key, ()))
+            flags = GENERATOR | WANT_FRAME if code.co_flags & SUSPENDING else 0
+            if entry or any(r.ops.wants_frame for r in graph):
+                flags |= WANT_FRAME
+            if any(r.ops.wants_time for r in graph):
+                flags |= WANT_TIME
+            marker = (code,) if graph and not flags & GENERATOR else None
+            mask = core.LOCAL_CALL_EVENTS | (core.LOCAL_RETURN_EVENTS if graph else 0)
+            dispatch = (entry, graph, flags, marker)
+            out[key] = (code, mask, interned.setdefault(dispatch, dispatch))
+        return out
+
+    def _draining(self, code: CodeType, dispatch: tuple | None) -> tuple:
+        """Dispatch for a function whose return events are going away while calls of it may
+        be open: it keeps its entry users, and its entries still push the marker so those
+        calls' exits stay matched (core rule 2)."""
+        entry = dispatch[0] if dispatch else ()
+        if code.co_flags & SUSPENDING:
+            return (entry, (), GENERATOR | WANT_FRAME, None)
+        return (entry, (), WANT_FRAME if entry else 0, (code,))
+
+    def _publish(self, table: dict[int, tuple]) -> None:
+        self._table = table
+        self.core.publish(table)
+
+    def _reconcile(self, retired: list[_core.Registration], removing: bool = False,
+                   everything: bool = False) -> None:
+        """Publish the dispatch for the current users; sweep what left (see module doc)."""
+        core = self.core
+        tool = self.tool_id
+        returns = core.LOCAL_RETURN_EVENTS
+        set_local = sys.monitoring.set_local_events
+        built = self._build()
+        table = {key: dispatch for key, (_, _, dispatch) in built.items()}
+        # Functions losing their return events: drain them (see _draining) until no call of
+        # them is open; functions with only entry users leave at once.
+        draining: dict[int, tuple[CodeType, int]] = {}
+        for key, (code, mask) in list(self._events.items()):
+            want = built[key][1] if key in built else 0
+            if mask & returns and not want & returns:
+                draining[key] = (code, want)
+                table[key] = self._draining(code, table.get(key))
+            elif key not in built:
+                set_local(tool, code, 0)
+                del self._events[key]
+        self._publish(table)
+        for key, (code, mask, _) in built.items():
+            if key not in draining and self._events.get(key, (None, 0))[1] != mask:
+                set_local(tool, code, mask)
+                self._events[key] = (code, mask)
+        if not (retired or removing or draining or everything):
+            return
+        open_codes = self._sweep(retired, everything)
+        done = {k: v for k, v in draining.items() if k not in open_codes}
+        if not done:
+            return
+        # Two steps, so a marker pushed between the sweep and the switch-off cannot be
+        # stranded: publish the final dispatch, wait for every thread, look again, then
+        # turn the return events off.
+        table = dict(table)
+        for key in done:
+            if key in built:
+                table[key] = built[key][2]
+            else:
+                del table[key]
+        self._publish(table)
+        still_open = self._sweep([], False)
+        table = dict(table)
+        for key, (code, want) in done.items():
+            if key in still_open:
+                table[key] = self._draining(code, table.get(key))
+            else:
+                set_local(tool, code, want)
+                if want:
+                    self._events[key] = (code, want)
+                else:
+                    del self._events[key]
+        self._publish(table)
+
+    def _quiesce(self) -> None:
+        """Wait until every other thread has been seen outside the core (or held by a sweep)."""
+        me = self.core.current_thread_state()
+        for ts in self.core.thread_states():
+            if ts is me:
+                continue
+            t0 = time.monotonic()
+            warned = False
+            while ts.busy and not ts.waiting:
+                time.sleep(0.0002)
+                if not warned and time.monotonic() - t0 > QUIESCE_WARN_SECONDS:
+                    warned = True
+                    warnings.warn(f"rethook: waiting for thread {ts.tid} to leave a handler",
+                                  RuntimeWarning, stacklevel=3)
+
+    def _sweep(self, retired: list[_core.Registration], everything: bool) -> set[int]:
+        """Take retired claims off every entry; return ids of codes with open entries."""
+        core = self.core
+        gone = set(map(id, retired))
+        todo: list[tuple[list, int, _core.Registration, Any]] = []
+        open_codes: set[int] = set()
+        me = core.current_thread_state()
+        with core.sweep_lock():
+            core.set_sweeping(True)
+            try:
+                self._quiesce()
+                entries: list[tuple[Any, int]] = []
+                for ts in core.thread_states():
+                    entries.extend((rec, d) for d, rec in enumerate(list(ts.stack)))
+                if me is not None:  # records this thread is delivering right now
+                    entries.extend((rec, 0) for rec in me.inflight)
+                entries.extend((rec, 0) for rec in list(core.parked().values()))
+                for rec, depth in entries:
+                    if len(rec) <= REC_HEADER:
+                        open_codes.add(id(rec[0]))  # a marker (code,) or a swept record
+                        continue
+                    open_codes.add(id(rec[REC_CODE]))
+                    if not gone and not everything:
+                        continue
+                    kept = []
+                    for i in range(REC_HEADER, len(rec), 2):
+                        reg, data = rec[i], rec[i + 1]
+                        if everything or id(reg) in gone:
+                            todo.append((rec, depth, reg, data))
+                        else:
+                            kept += (reg, data)
+                    rec[REC_HEADER:] = kept
+            finally:
+                core.set_sweeping(False)
+        if todo:
+            self._deliver_unfinished(todo)
+            self._quiesce()  # deliveries other threads had already begun are over too
+        return open_codes
+
+    def _deliver_unfinished(self, todo: list[tuple[list, int, _core.Registration, Any]]) -> None:
+        me = self.core.current_thread_state()
+        was_busy = me.busy if me is not None else False
+        if me is not None:
+            me.busy = True
+        t = time.perf_counter_ns()
+        try:
+            # Newest first, so each user sees its unfinished returns in reverse entry order.
+            for rec, depth, reg, data in reversed(todo):
+                self._unfinished_deliveries += 1
+                fn = reg.retfunc
+                if fn is None:
+                    continue
+                try:
+                    fn(rec[REC_CODE], rec[REC_FRAME], depth, data, None, None,
+                       rec[REC_TIME], t if rec[REC_TIME] else 0, rec[REC_SLEEP], FLAG_UNFINISHED)
+                except Exception as e:
+                    self.core.handler_failed(reg, e)
+        finally:
+            if me is not None:
+                me.busy = was_busy
+
+    # --- generators closed or collected while suspended ----------------------------------
+    def collect_parked(self) -> int:
+        """Deliver the parked calls of generators that were closed or collected silently.
+
+        CPython 3.13 fires no event when a suspended generator without a ``try`` around its
+        ``yield`` is closed or collected (CPython issue 140373), so such calls would stay parked
+        for ever. A parked frame nobody else references belongs to a collected generator; one
+        referenced only by a finished generator belongs to a closed one. Each gets its return
+        with ``FLAG_CLOSED`` and a ``GeneratorExit``, timed at its last suspension. Runs at
+        stop, at unregister, and when the parked table passes a high-water mark.
+        """
+        parked = self.core.parked()
+        dead = _dead_parked_frames(parked)
+        n = 0
+        me = self.core.current_thread_state()
+        was_busy = me.busy if me is not None else False
+        if me is not None:
+            me.busy = True
+        try:
+            for frame in dead:
+                rec = parked.pop(frame, None)
+                if rec is None or len(rec) <= REC_HEADER:
+                    continue
+                n += 1
+                self._closed_deliveries += len(rec) - REC_HEADER >> 1
+                self.core.deliver(rec, 0, None, GeneratorExit(), rec[REC_PARKED_AT], FLAG_CLOSED)
+        finally:
+            if me is not None:
+                me.busy = was_busy
+        return n
+
+    def _parked_overflow(self) -> None:
+        self.collect_parked()
+        self._parked_limit = max(PARKED_HIGH_WATER, 2 * len(self.core.parked()))
+        self.core.set_overflow(self._parked_overflow, self._parked_limit)
+
+    # --- introspection --------------------------------------------------------------------
+    def parent_data(self, ops: FgraphOps, depth: int = 1) -> Any:
+        reg = self._graph.get(ops)
+        ts = self.core.current_thread_state()
+        if reg is None or ts is None:
+            return None
+        for rec in reversed(ts.stack):
+            for i in range(REC_HEADER, len(rec), 2):
+                if rec[i] is reg:
+                    depth -= 1
+                    if depth <= 0:
+                        return rec[i + 1]
+        return None
+
+    def enabled_functions(self) -> list[tuple[FunctionInfo, int, int]]:
+        """Hooked code objects with their number of entry and graph users (``enabled_functions``)."""
+        out = []
+        for key, (code, _) in self._events.items():
+            entry, graph, _, _ = self._table.get(key, ((), (), 0, None))
+            out.append((self.registry.info(code), len(entry), len(graph)))
+        out.sort(key=lambda t: t[0].name)
+        return out
+
+    def stats(self) -> dict[str, int]:
+        """Counters: nothing is dropped without being counted here."""
+        states = self.core.thread_states()
+        return {
+            "threads": len(states),
+            "hooked_functions": len(self._events),
+            "open_calls": sum(len(ts.stack) for ts in states),
+            "parked_calls": len(self.core.parked()),
+            "overrun": sum(ts.overrun for ts in states) + self.core.dead_counts()[1],
+            "recursion": sum(ts.recursion for ts in states) + self.core.dead_counts()[0],
+            "handler_errors": sum(r.errors for r in self._graph.values())
+            + sum(r.errors for r in self._entry.values()),
+            "unfinished_returns": self._unfinished_deliveries,
+            "closed_returns": self._closed_deliveries,
+        }
+
+
+# --- helpers for collect_parked ----------------------------------------------------------
+def _refcounts(parked: dict[FrameType, list]) -> list[tuple[FrameType, int]]:
+    out = []
+    for frame, rec in list(parked.items()):
+        out.append((frame, sys.getrefcount(frame)))
+        del rec
+    return out
+
+
+def _calibrate() -> int:
+    """References a parked frame has when nothing but the parked table holds it."""
+
+    def finished() -> FrameType:
+        return sys._getframe()
+
+    frame = finished()
+    probe = {frame: [None, frame]}
+    del frame
+    ((_, count),) = _refcounts(probe)
+    return count
+
+
+_UNREFERENCED = _calibrate()
+
+
+def _dead_parked_frames(parked: dict[FrameType, list]) -> list[FrameType]:
+    dead = []
+    alive = []
+    for frame, count in _refcounts(parked):
+        (dead if count <= _UNREFERENCED + 1 else alive).append(frame)  # +1: the tuple we hold
+    if alive and sys.version_info >= (3, 13):
+        # A closed generator can still hold its frame on 3.13: ask the generators themselves.
+        wanted = {id(f): f for f in alive}
+        for obj in gc.get_referrers(*alive):
+            if _finished_generator(obj):
+                for ref in gc.get_referents(obj):
+                    f = wanted.pop(id(ref), None)
+                    if f is not None:
+                        dead.append(f)
+    return dead
+
+
+def _finished_generator(obj: Any) -> bool:
+    for attr in ("gi_frame", "cr_frame", "ag_frame"):
+        if hasattr(obj, attr) and type(obj).__module__ == "builtins":
+            return getattr(obj, attr) is None
+    return False
+
+
+_active: Engine | None = None
+_default: Engine | None = None
+_default_lock = threading.Lock()
+
+
+def get_engine() -> Engine:
+    """The process-wide engine (created on first use; started by the first registration)."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = Engine()
+        return _default
+
+
+def _before_fork() -> None:
+    if _active is not None:
+        _active._lock.acquire()
+
+
+def _after_fork_parent() -> None:
+    if _active is not None:
+        _active._lock.release()
+
+
+def _after_fork_child() -> None:
+    if _active is not None:
+        _active._lock = threading.RLock()
+        _active.core.after_fork_in_child()
+
+
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_parent,
+                    after_in_child=_after_fork_child)
+
+__all__ = [
+    "Engine", "EngineError", "FgraphOps", "FtraceOps", "FLAG_CLOSED", "FLAG_UNFINISHED",
+    "FGRAPH_ARRAY_SIZE", "get_engine",
+]

@@ -1,0 +1,687 @@
+"""The function registry: every code object of the loaded modules, with a canonical name.
+
+This is the kernel's ``available_filter_functions``: the list of everything that can be hooked.
+Here a "function" is a code object that runs as a call: functions, methods, class and static
+methods, property accessors, nested functions, lambdas, generator, coroutine and async-generator
+functions, generator expressions and PEP 695 annotation scopes. Module bodies and class bodies
+are not functions; :meth:`Registry.info` still names them if the engine meets one.
+
+Discovery
+---------
+* Already loaded code: ``gc.get_objects()`` filtered to functions (covers closures, decorated
+  functions and methods), then every code object nested in theirs (``co_consts``), which finds
+  generator expressions, lambdas and inner functions that do not exist as functions yet.
+* Modules imported later: an audit hook on the ``"exec"`` event. Importing a module executes its
+  code object with the builtin ``exec``; the hook receives that code object *before the module
+  body runs*, and its ``co_consts`` hold every function the module will define. So a filter that
+  names a function of a module not imported yet is hooked before its first call.
+* After such a module's body has run, its namespace is scanned once for functions whose code was
+  generated at run time (``dataclasses``, ``namedtuple``...).
+* :meth:`Registry.add_code` for code the caller compiles itself (a script run by the CLI), and
+  :meth:`Registry.refresh` as a safety net.
+
+Names (see docs/functions.md) are ``module.qualname`` and never change once handed out.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+import threading
+import traceback
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from types import (
+    AsyncGeneratorType,
+    CodeType,
+    CoroutineType,
+    FrameType,
+    FunctionType,
+    GeneratorType,
+    ModuleType,
+)
+
+__all__ = ["FunctionInfo", "Registry", "default_registry", "code_kind"]
+
+# co_flags bits (the inspect module has them too, but importing inspect is slow).
+_CO_NEWLOCALS = 0x0002
+_CO_GENERATOR = 0x0020
+_CO_COROUTINE = 0x0080
+_CO_ITERABLE_COROUTINE = 0x0100
+_CO_ASYNC_GENERATOR = 0x0200
+
+#: Kinds that are not functions: named on demand, never listed.
+NON_FUNCTION_KINDS = frozenset({"module", "class"})
+#: Anonymous code always carries its line, so its name does not depend on what else exists.
+_ANONYMOUS = frozenset({"<lambda>", "<genexpr>", "<listcomp>", "<setcomp>", "<dictcomp>"})
+#: Module name given to code whose module cannot be determined.
+UNKNOWN_MODULE = "<unknown>"
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class FunctionInfo:
+    """One hookable code object and its canonical name.
+
+    Compared by identity: the registry creates exactly one per code object.
+    """
+
+    code: CodeType
+    #: Canonical printable name, unique across the registry: ``module + "." + qualname``.
+    name: str
+    #: Module name (what ``:mod:`` selects).
+    module: str
+    #: ``co_qualname`` (or the function's ``__qualname__`` for generated code), plus ``suffix``.
+    qualname: str
+    filename: str
+    firstlineno: int
+    #: "function", "generator", "coroutine", "async_generator", "lambda", "genexpr",
+    #: "type_params" (PEP 695 annotation scope); "module" and "class" are never listed.
+    kind: str
+    #: Disambiguation suffix ("" or "@LINE" or "@LINE#N"), already part of name and qualname.
+    suffix: str = ""
+
+    @property
+    def base_name(self) -> str:
+        """The name without its disambiguation suffix."""
+        return self.name[: len(self.name) - len(self.suffix)] if self.suffix else self.name
+
+    @property
+    def base_qualname(self) -> str:
+        """The qualname without its disambiguation suffix."""
+        q = self.qualname
+        return q[: len(q) - len(self.suffix)] if self.suffix else q
+
+
+def code_kind(code: CodeType) -> str:
+    """Classify a code object by its flags and name."""
+    flags = code.co_flags
+    name = code.co_name
+    if not flags & _CO_NEWLOCALS:
+        return "module" if name == "<module>" else "class"
+    if name == "<genexpr>":
+        return "genexpr"
+    if name == "<lambda>":
+        return "lambda"
+    if flags & _CO_ASYNC_GENERATOR:
+        return "async_generator"
+    if flags & _CO_COROUTINE:
+        return "coroutine"
+    if flags & (_CO_GENERATOR | _CO_ITERABLE_COROUTINE):
+        return "generator"
+    if name.startswith("<generic parameters of "):
+        return "type_params"
+    if name in ("<listcomp>", "<setcomp>", "<dictcomp>"):  # only outside 3.12+'s inlining
+        return "comprehension"
+    return "function"
+
+
+def _is_synthetic(filename: str) -> bool:
+    """Code compiled from a string (``<string>``, attrs' ``<attrs generated ...>``), not frozen."""
+    return filename.startswith("<") and not filename.startswith("<frozen ")
+
+
+def _column(code: CodeType) -> int:
+    """Leftmost source column on the code's first line (orders several codes on one line)."""
+    line = code.co_firstlineno
+    best = -1
+    for start, end, col, end_col in code.co_positions():
+        # Skip zero-width artificial positions (RESUME and friends report column 0).
+        if start == line and col is not None and end_col is not None and (
+            end_col > col or (end is not None and end > start)
+        ):
+            if best < 0 or col < best:
+                best = col
+    return best
+
+
+class _Entry:
+    """A code object waiting for its name, within one registration batch."""
+
+    __slots__ = ("code", "module", "qualname", "kind", "order")
+
+    def __init__(self, code: CodeType, module: str, qualname: str, kind: str, order: int):
+        self.code = code
+        self.module = module
+        self.qualname = qualname
+        self.kind = kind
+        self.order = order
+
+
+Subscriber = Callable[[list[FunctionInfo]], None]
+
+
+class Registry:
+    """Every known code object and its :class:`FunctionInfo`.
+
+    Thread safety: mutation happens under one lock; lookups (:meth:`name`, :meth:`lookup`,
+    :meth:`info` for known code) read plain dicts without it. Registered code objects are kept
+    alive, so ``id(code)`` is a stable key for as long as the registry lives.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._by_id: dict[int, FunctionInfo] = {}
+        self._taken: set[str] = set()
+        self._modules: set[str] = set()
+        self._listed: list[FunctionInfo] | None = None  # sorted cache, rebuilt on demand
+        self._subscribers: tuple[Subscriber, ...] = ()
+        self._scanned = False
+        self._modules_len_at_scan = -1
+        self._file_map: dict[str, str] = {}
+        self._file_map_len = -1
+        self._pending_namespaces: list[str] = []  # modules whose body may still generate code
+        self._generation = 0
+        self._order = 0
+
+    # --- lookups ------------------------------------------------------------------------------
+    @property
+    def generation(self) -> int:
+        """Bumped whenever functions are added (lets callers cache selections)."""
+        return self._generation
+
+    def lookup(self, code: CodeType) -> FunctionInfo | None:
+        """The info of a known code object, or None; never adds anything."""
+        info = self._by_id.get(id(code))
+        return info if info is not None and info.code is code else None
+
+    def name(self, code: CodeType) -> str:
+        """The canonical name of any code object (``info(code).name``), fast when known."""
+        info = self._by_id.get(id(code))
+        if info is not None and info.code is code:
+            return info.name
+        return self.info(code).name
+
+    def info(self, code: CodeType, module: str | None = None) -> FunctionInfo:
+        """The info of any code object; unknown code is registered (with its nested code).
+
+        ``module`` is a hint for code whose module cannot be told from its file (pass the
+        frame's ``f_globals["__name__"]`` if you have it). Subscribers are not told about code
+        discovered this way (it is code that is already running), but they are told about
+        functions the lookup finds on the way (generated code of a fresh import).
+        """
+        info = self._by_id.get(id(code))
+        if info is not None and info.code is code:
+            return info
+        with self._lock:
+            # Generated code of a recently imported module: name it after its function.
+            found = self._scan_pending_namespaces(include_initializing=True)
+            info = self._by_id.get(id(code))
+            if info is None:
+                if module is None:
+                    module = self._module_for_file(code.co_filename)
+                entries: dict[int, _Entry] = {}
+                self._collect(code, module, None, entries, register_top=True)
+                self._commit(entries)
+                info = self._by_id[id(code)]
+        self._notify(found)
+        return info
+
+    def functions(self) -> list[FunctionInfo]:
+        """Every known function, sorted by name. The first call scans the loaded modules."""
+        self._maintain()
+        listed = self._listed
+        if listed is None:
+            with self._lock:
+                listed = self._listed
+                if listed is None:
+                    listed = sorted(
+                        (i for i in self._by_id.values() if i.kind not in NON_FUNCTION_KINDS),
+                        key=lambda i: i.name,
+                    )
+                    self._listed = listed
+        return list(listed)
+
+    def modules(self) -> set[str]:
+        """Names of the modules that have known functions."""
+        self._maintain()
+        return set(self._modules)
+
+    def __len__(self) -> int:
+        return len(self.functions())
+
+    # --- registration -------------------------------------------------------------------------
+    def add_code(self, code: CodeType, module: str) -> list[FunctionInfo]:
+        """Register a code object and everything nested in it, as code of ``module``.
+
+        For code compiled by the caller before it runs (a script's module code). A module code
+        object itself is not a function and is not listed. Returns the new functions and tells
+        the subscribers about them.
+        """
+        with self._lock:
+            entries: dict[int, _Entry] = {}
+            self._collect(code, module, None, entries, register_top=False)
+            new = _listable(self._commit(entries))
+            self._note_file(code.co_filename, module)
+        self._notify(new)
+        return new
+
+    def refresh(self) -> list[FunctionInfo]:
+        """Rescan the loaded modules; return (and report to subscribers) what was new."""
+        with self._lock:
+            first = not self._scanned
+            new = _listable(self._scan())
+            self._pending_namespaces.clear()
+        if not first:
+            self._notify(new)
+        return new
+
+    def subscribe(self, callback: Subscriber) -> Callable[[], None]:
+        """Call ``callback(new_infos)`` whenever functions are discovered (imports, add_code,
+        refresh). Returns the function that unsubscribes.
+
+        The callback runs in the thread that discovered the functions; for an import that is
+        before the module body runs. Subscribe first, then read :meth:`functions`: nothing is
+        missed in between (at worst reported twice). Exceptions in callbacks are printed and
+        otherwise ignored, so an import never fails because of one.
+        """
+        with self._lock:
+            self._ensure_scanned()
+            self._subscribers = (*self._subscribers, callback)
+            _activate(self)
+        done = False
+
+        def unsubscribe() -> None:
+            nonlocal done
+            with self._lock:
+                if done:
+                    return
+                done = True
+                subs = list(self._subscribers)
+                subs.remove(callback)
+                self._subscribers = tuple(subs)
+                if not subs:
+                    _deactivate(self)
+
+        return unsubscribe
+
+    # --- internals ----------------------------------------------------------------------------
+    def _notify(self, new: list[FunctionInfo]) -> None:
+        if not new:
+            return
+        for callback in self._subscribers:
+            try:
+                callback(list(new))
+            except Exception:
+                print("rethook: registry subscriber failed:", file=sys.stderr)
+                traceback.print_exc()
+
+    def _maintain(self) -> None:
+        """Bring the registry up to date before a listing."""
+        with self._lock:
+            if not self._scanned:
+                self._scan()
+            elif not self._subscribers and len(sys.modules) != self._modules_len_at_scan:
+                # No import hook is active: catch up on modules loaded since the last scan.
+                self._scan()
+            found = self._scan_pending_namespaces(include_initializing=False)
+        self._notify(found)
+
+    def _ensure_scanned(self) -> None:
+        if not self._scanned:
+            self._scan()
+
+    def _scan(self) -> list[FunctionInfo]:
+        """Register every live function (and its nested code) not known yet.
+
+        Live generators and coroutines count too: a module-level generator expression's code is
+        reachable from nothing else once the module body has finished.
+        """
+        funcs: list[FunctionType] = []
+        gens: list[tuple[CodeType, FrameType | None]] = []
+        for o in gc.get_objects():
+            t = type(o)
+            if t is FunctionType:
+                funcs.append(o)
+            elif t is GeneratorType:
+                gens.append((o.gi_code, o.gi_frame))
+            elif t is CoroutineType:
+                gens.append((o.cr_code, o.cr_frame))
+            elif t is AsyncGeneratorType:
+                gens.append((o.ag_code, o.ag_frame))
+        self._scanned = True
+        self._modules_len_at_scan = len(sys.modules)
+        new = self._register_functions(funcs)
+        entries: dict[int, _Entry] = {}
+        for code, frame in gens:
+            if id(code) in self._by_id or id(code) in entries:
+                continue
+            module = frame.f_globals.get("__name__") if frame is not None else None
+            if not isinstance(module, str):
+                module = self._module_for_file(code.co_filename)
+            self._collect(code, module, None, entries, register_top=False)
+        return new + self._commit(entries)
+
+    def _register_functions(self, funcs: Iterable[FunctionType]) -> list[FunctionInfo]:
+        entries: dict[int, _Entry] = {}
+        fresh: list[tuple[FunctionType, CodeType]] = []
+        seen: set[int] = set()
+        by_id = self._by_id
+        for f in funcs:
+            code = f.__code__
+            if id(code) not in by_id and id(code) not in seen:
+                seen.add(id(code))
+                fresh.append((f, code))
+        # A stable order keeps names deterministic (gc order is not).
+        fresh.sort(key=lambda fc: (fc[1].co_filename, fc[1].co_firstlineno, fc[1].co_qualname))
+        tops: list[tuple[CodeType, str, str]] = []
+        for f, code in fresh:
+            module = self._function_module(f)
+            qualname = code.co_qualname
+            if _is_synthetic(code.co_filename):
+                # Generated code (dataclasses, namedtuple, attrs) compiles every method as
+                # "__create_fn__.<locals>.__init__" or similar; the function knows better.
+                fq = getattr(f, "__qualname__", None)
+                if isinstance(fq, str) and fq:
+                    qualname = fq
+            tops.append((code, module, qualname))
+        # Every function's own code first, so that code found both as a function and nested in
+        # another takes its own function's qualname; then what is nested in them.
+        for code, module, qualname in tops:
+            self._order += 1
+            entries[id(code)] = _Entry(code, module, qualname, code_kind(code), self._order)
+        for code, module, qualname in tops:
+            self._collect(code, module, qualname, entries, register_top=False)
+        return self._commit(entries)
+
+    def _function_module(self, f: FunctionType) -> str:
+        # The defining module's globals, not __module__: some libraries rewrite __module__ to a
+        # public name, and the import hook only ever sees the globals' name.
+        name = f.__globals__.get("__name__")
+        if isinstance(name, str) and name:
+            return name
+        name = getattr(f, "__module__", None)
+        if isinstance(name, str) and name:
+            return name
+        return self._module_for_file(f.__code__.co_filename)
+
+    def _collect(self, code: CodeType, module: str, qualname: str | None,
+                 entries: dict[int, _Entry], register_top: bool) -> None:
+        """Add ``code`` and its unknown nested code to a batch.
+
+        Module and class bodies are walked through but not added, except ``code`` itself when
+        ``register_top`` (info() names whatever it is asked about). ``qualname`` overrides
+        ``co_qualname`` for ``code``; nested code gets the same prefix rewritten.
+        """
+        by_id = self._by_id
+        stack: list[tuple[CodeType, str | None, tuple[str, str] | None]] = [(code, qualname, None)]
+        while stack:
+            c, q, rename = stack.pop()
+            cq = c.co_qualname
+            if q is None:
+                q = cq
+                if rename is not None and cq.startswith(rename[0] + "."):
+                    q = rename[1] + cq[len(rename[0]):]
+            kind = code_kind(c)
+            if c is code and id(c) in entries:
+                pass  # already in the batch as a function of its own
+            elif kind not in NON_FUNCTION_KINDS or (register_top and c is code):
+                self._order += 1
+                entries[id(c)] = _Entry(c, module, q, kind, self._order)
+            child_rename = (cq, q) if q != cq else rename
+            # Pushed in reverse so that nested code is numbered in source order.
+            for const in reversed(c.co_consts):
+                if type(const) is CodeType and id(const) not in by_id and id(const) not in entries:
+                    stack.append((const, None, child_rename))
+
+    def _commit(self, entries: dict[int, _Entry]) -> list[FunctionInfo]:
+        """Name a batch of new code objects and publish them. Caller holds the lock."""
+        if not entries:
+            return []
+        batch = list(entries.values())
+        groups: dict[str, list[_Entry]] = {}
+        for e in batch:
+            groups.setdefault(f"{e.module}.{e.qualname}", []).append(e)
+        taken = self._taken
+        new: list[FunctionInfo] = []
+
+        def publish(e: _Entry, suffix: str) -> None:
+            name = f"{e.module}.{e.qualname}{suffix}"
+            taken.add(name)
+            c = e.code
+            info = FunctionInfo(c, name, e.module, e.qualname + suffix, c.co_filename,
+                                c.co_firstlineno, e.kind, suffix)
+            new.append(info)
+
+        for base, members in groups.items():
+            leaf = members[0].qualname.rpartition(".")[2]
+            if len(members) == 1 and base not in taken and leaf not in _ANONYMOUS:
+                publish(members[0], "")
+                continue
+            by_line: dict[int, list[_Entry]] = {}
+            for e in members:
+                by_line.setdefault(e.code.co_firstlineno, []).append(e)
+            for line, same in sorted(by_line.items()):
+                at = f"@{line}"
+                if len(same) == 1 and base + at not in taken:
+                    publish(same[0], at)
+                    continue
+                # Several on one line (or the line's name is taken): number them in source order.
+                if len(same) > 1:
+                    same.sort(key=lambda e: (_column(e.code), e.order))
+                n = 1
+                for e in same:
+                    while f"{base}{at}#{n}" in taken:
+                        n += 1
+                    publish(e, f"{at}#{n}")
+                    n += 1
+        # Publish: readers use dict.get without the lock, so one insertion per code suffices.
+        by_id = self._by_id
+        for info in new:
+            by_id[id(info.code)] = info
+            if info.kind not in NON_FUNCTION_KINDS:
+                self._modules.add(info.module)
+        self._listed = None
+        self._generation += 1
+        return new
+
+    def _note_file(self, filename: str, module: str) -> None:
+        if not _is_synthetic(filename):
+            self._file_map.setdefault(filename, module)
+
+    def _module_for_file(self, filename: str) -> str:
+        if filename.startswith("<frozen ") and filename.endswith(">"):
+            return filename[8:-1]
+        module = self._file_map.get(filename)
+        if module is None and len(sys.modules) != self._file_map_len:
+            self._rebuild_file_map()
+            module = self._file_map.get(filename)
+        if module is not None:
+            return module
+        if filename.startswith("<") and filename.endswith(">"):
+            return filename
+        return UNKNOWN_MODULE
+
+    def _rebuild_file_map(self) -> None:
+        mods = list(sys.modules.items())
+        self._file_map_len = len(mods)
+        fmap = self._file_map
+        for name, mod in mods:
+            if not isinstance(mod, ModuleType):
+                continue
+            d = getattr(mod, "__dict__", None) or {}
+            f = d.get("__file__")
+            if isinstance(f, str):
+                fmap.setdefault(f, name)
+            spec = d.get("__spec__")
+            origin = getattr(spec, "origin", None) if spec is not None else None
+            if isinstance(origin, str) and origin not in ("frozen", "built-in"):
+                fmap.setdefault(origin, name)
+
+    # --- import hook side ---------------------------------------------------------------------
+    def _on_module_exec(self, code: CodeType, module: str) -> None:
+        """A module body is about to run: register its code tree, tell the subscribers."""
+        with self._lock:
+            found = self._scan_pending_namespaces(include_initializing=False)
+            entries: dict[int, _Entry] = {}
+            self._collect(code, module, None, entries, register_top=False)
+            new = _listable(self._commit(entries))
+            self._note_file(code.co_filename, module)
+            if module not in self._pending_namespaces:
+                self._pending_namespaces.append(module)
+        self._notify(found + new)
+
+    def _scan_pending_namespaces(self, include_initializing: bool) -> list[FunctionInfo]:
+        """Register functions generated while recently imported modules ran their bodies.
+
+        Caller holds the lock, and reports what this returns after releasing it.
+        """
+        if not self._pending_namespaces:
+            return []
+        found: list[FunctionType] = []
+        keep: list[str] = []
+        for name in self._pending_namespaces:
+            mod = sys.modules.get(name)
+            if not isinstance(mod, ModuleType):
+                continue  # import failed (or the module removed itself)
+            spec = mod.__dict__.get("__spec__")
+            initializing = bool(getattr(spec, "_initializing", False))
+            if initializing:
+                keep.append(name)
+                if not include_initializing:
+                    continue
+            found.extend(_namespace_functions(mod, self._by_id))
+        self._pending_namespaces = keep
+        return _listable(self._register_functions(found)) if found else []
+
+
+def _listable(infos: list[FunctionInfo]) -> list[FunctionInfo]:
+    return [i for i in infos if i.kind not in NON_FUNCTION_KINDS]
+
+
+def _namespace_functions(mod: ModuleType, known: dict[int, FunctionInfo]) -> list[FunctionType]:
+    """Functions reachable from a module's namespace (and its classes) with unknown code.
+
+    Only looks at plain dicts and known wrapper types, so no user code (descriptors,
+    ``__getattr__``) runs.
+    """
+    out: list[FunctionType] = []
+    seen: set[int] = set()
+    modname = mod.__dict__.get("__name__")
+
+    def visit(value: object, depth: int) -> None:
+        t = type(value)
+        if t is FunctionType:
+            if id(value.__code__) not in known:  # type: ignore[attr-defined]
+                out.append(value)  # type: ignore[arg-type]
+            # functools.wraps (dataclass's __repr__ is wrapped like that) hides the original.
+            wrapped = value.__dict__.get("__wrapped__")  # type: ignore[attr-defined]
+            if wrapped is not None and depth < 6:
+                visit(wrapped, depth + 1)
+        elif t is staticmethod or t is classmethod:
+            visit(value.__func__, depth)  # type: ignore[attr-defined]
+        elif t is property:
+            for acc in (value.fget, value.fset, value.fdel):  # type: ignore[attr-defined]
+                visit(acc, depth)
+        elif isinstance(value, type) and depth < 6 and id(value) not in seen:
+            seen.add(id(value))
+            ns = type.__dict__["__dict__"].__get__(value)  # the class's own mappingproxy
+            if ns.get("__module__") != modname:
+                return
+            for v in list(ns.values()):
+                visit(v, depth + 1)
+
+    for v in list(mod.__dict__.values()):
+        visit(v, 0)
+    return out
+
+
+# --- the process-wide audit hook ---------------------------------------------------------------
+# Audit hooks cannot be removed, so one is installed on first subscription and stays; it returns
+# at once for every event but "exec", and for "exec" when no registry has subscribers.
+_active: tuple[Registry, ...] = ()
+_hook_lock = threading.Lock()
+_hook_installed = False
+
+
+def _activate(reg: Registry) -> None:
+    global _active, _hook_installed
+    with _hook_lock:
+        if reg not in _active:
+            _active = (*_active, reg)
+        if not _hook_installed:
+            _hook_installed = True
+            try:
+                sys.addaudithook(_audit_hook)
+            except Exception:  # another audit hook vetoed it: refresh() still works
+                print("rethook: cannot install the import hook; call refresh() after imports",
+                      file=sys.stderr)
+
+
+def _deactivate(reg: Registry) -> None:
+    global _active
+    with _hook_lock:
+        _active = tuple(r for r in _active if r is not reg)
+
+
+def _audit_hook(event: str, args: tuple) -> None:
+    if event != "exec" or not _active:
+        return
+    try:
+        code = args[0]
+        if type(code) is not CodeType:
+            return
+        module = _exec_target(sys._getframe(1), code)
+        if module is None:
+            return
+        for reg in _active:
+            reg._on_module_exec(code, module)
+    except Exception:
+        # An exception here would abort the import; losing the early registration is harmless
+        # (refresh() and info() still find the code).
+        pass
+
+
+def _exec_target(frame: FrameType | None, code: CodeType) -> str | None:
+    """The name of the module whose body ``exec(code, ...)`` is about to run, or None.
+
+    Recognises the ways modules get executed: importlib (``_call_with_frames_removed(exec,
+    code, module.__dict__)``), loaders calling ``exec(code, module.__dict__)`` with the module in
+    a local (frozen modules, pytest's assertion rewriter, zipimport) and runpy's ``_run_code``.
+    Any other exec (namedtuple, dataclasses, user code) is not an import: its functions are
+    found when they exist (namespace scan, refresh, info).
+    """
+    if frame is None:
+        return None
+    loc = frame.f_locals
+    args = loc.get("args")
+    if type(args) is tuple and len(args) >= 2 and args[0] is code and type(args[1]) is dict:
+        name = args[1].get("__name__")
+        if isinstance(name, str):
+            return name
+    filename = code.co_filename
+    for key in ("module", "mod"):
+        mod = loc.get(key)
+        if isinstance(mod, ModuleType) and _module_owns_file(mod, filename):
+            return mod.__name__
+    run_globals = loc.get("run_globals")
+    if type(run_globals) is dict and frame.f_code.co_name == "_run_code":
+        name = run_globals.get("__name__")
+        if isinstance(name, str):
+            return name
+    return None
+
+
+def _module_owns_file(mod: ModuleType, filename: str) -> bool:
+    d = mod.__dict__
+    if d.get("__file__") == filename:
+        return True
+    spec = d.get("__spec__")
+    if spec is not None and getattr(spec, "origin", None) == filename:
+        return True
+    return filename == f"<frozen {d.get('__name__')}>"
+
+
+_default: Registry | None = None
+_default_lock = threading.Lock()
+
+
+def default_registry() -> Registry:
+    """The process-wide registry."""
+    global _default
+    reg = _default
+    if reg is None:
+        with _default_lock:
+            if _default is None:
+                _default = Registry()
+            reg = _default
+    return reg

@@ -1,0 +1,1 @@
+"""Small real programs the tests run under the engine and tracers."""
