@@ -80,3 +80,9 @@ class Shape:
     @classmethod
     def make(cls, side):
         return cls(side)
+
+
+def block(started, release):
+    started.set()
+    release.wait()
+    return "released"

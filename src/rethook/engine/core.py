@@ -522,7 +522,13 @@ def _on_resume(code: CodeType, offset: int, *exc: Any) -> None:
 
 
 def flush_thread(ts: ThreadState) -> None:
-    """Deliver every open call of a finished thread as unfinished and forget the thread."""
+    """Deliver every open call of a finished thread as unfinished and forget the thread.
+
+    Runs in the ending thread. When another thread runs it, the thread did not end: it does
+    not exist in this process, a fork child, whose calls are the parent's to deliver.
+    """
+    if ts.tid != threading.get_ident():
+        ts.stack.clear()
     with _threads_lock:
         if _threads.get(ts.tid) is ts:
             del _threads[ts.tid]
