@@ -4,9 +4,9 @@ import os
 import threading
 
 import pytest
-from recorder import Recorder
 
 from programs import calls
+from recorder import Recorder
 from rethook.engine.core import FLAG_UNFINISHED
 from rethook.engine.engine import FgraphOps
 
@@ -36,7 +36,7 @@ def test_each_thread_has_its_own_stack(engine):
     assert results == {i: calls.fib(10 + i) for i in range(4)}
     rec.assert_exactly_once()
     per_thread = {}
-    for name, depth, tid in rec.entries.values():
+    for _name, depth, tid in rec.entries.values():
         per_thread.setdefault(tid, []).append(depth)
     assert sorted(len(d) for d in per_thread.values()) == [fib_calls(10 + i) for i in range(4)]
     for depths in per_thread.values():  # each thread's depths start at 0: no sharing
@@ -123,6 +123,7 @@ def test_thread_end_flushes_calls_left_open(engine):
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
 def test_fork_child_returns_through_the_forking_threads_calls(engine):
     import programs.forking as forking
 

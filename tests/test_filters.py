@@ -411,6 +411,11 @@ def test_compile_glob(glob: str, yes: list[str], no: list[str]) -> None:
 
 
 # --- properties -----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def pool(reg: Registry) -> list[str]:
+    return _valid_patterns(reg)
+
+
 def _valid_patterns(reg: Registry) -> list[str]:
     out: set[str] = set()
     for i in reg.functions():
@@ -425,8 +430,7 @@ def _valid_patterns(reg: Registry) -> list[str]:
 
 @settings(max_examples=150, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
-def test_valid_patterns_round_trip(reg: Registry, data: st.DataObject) -> None:
-    pool = _valid_patterns(reg)
+def test_valid_patterns_round_trip(reg: Registry, pool: list[str], data: st.DataObject) -> None:
     patterns = data.draw(st.lists(st.sampled_from(pool), unique=True, max_size=12))
     seps = data.draw(st.lists(st.sampled_from([" ", "\t", "\n", "  \n\t"]),
                               min_size=len(patterns), max_size=len(patterns)))
@@ -469,7 +473,7 @@ GLOBISH = st.text(alphabet=st.sampled_from(list("fibsendhlpr_.*?[]!-<>@9:modSt")
                   max_size=12)
 
 
-@settings(max_examples=300, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=150, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(glob=GLOBISH)
 def test_validation_agrees_with_matching(reg: Registry, glob: str) -> None:
     # Writes validate through a search index; matches() runs compiled tests. They must agree.

@@ -349,8 +349,25 @@ def _on_start(code: CodeType, offset: int) -> None:
                               reg, data])
             elif marker is not None:
                 stack.append(marker)
+        elif depth < _max_depth:
+            rec = [frame if flags & GENERATOR else code, code, frame, t, 0, 0]
+            for reg in graph:
+                try:
+                    data = reg.entryfunc(code, frame, depth, t)
+                except Exception as exc:
+                    handler_failed(reg, exc)
+                    continue
+                except BaseException:  # keep the exit matched, then let it through
+                    stack.append(rec if len(rec) > REC_HEADER else marker or rec)
+                    raise
+                if data is not None and data is not False:
+                    rec += (reg, data)
+            if len(rec) > REC_HEADER:
+                stack.append(rec)
+            elif marker is not None:
+                stack.append(marker)
         else:
-            _start_many(ts, code, frame, graph, flags, marker, depth, t)
+            _overran(ts, code, marker)
     finally:
         ts.busy = False
 
@@ -363,36 +380,12 @@ def _call_entry_users(entry_regs: tuple, code: CodeType, frame: FrameType) -> No
             handler_failed(e, exc)
 
 
-def _start_many(ts: ThreadState, code: CodeType, frame: FrameType | None, graph: tuple,
-                flags: int, marker: tuple | None, depth: int, t: int) -> None:
-    """Entry with several graph users, or past the depth limit."""
-    stack = ts.stack
-    if depth >= _max_depth:
-        ts.overrun += 1
-        _missed(code, True)
-        if marker is not None:
-            stack.append(marker)
-        return
-    rec = [frame if flags & GENERATOR else code, code, frame, t, 0, 0]
-    pending: BaseException | None = None
-    for reg in graph:
-        try:
-            data = reg.entryfunc(code, frame, depth, t)
-        except Exception as exc:
-            handler_failed(reg, exc)
-            continue
-        except BaseException as exc:
-            pending = exc
-            continue
-        if data is not None and data is not False:
-            rec.append(reg)
-            rec.append(data)
-    if len(rec) > REC_HEADER:
-        stack.append(rec)
-    elif marker is not None:
-        stack.append(marker)
-    if pending is not None:
-        raise pending
+def _overran(ts: ThreadState, code: CodeType, marker: tuple | None) -> None:
+    """The shadow stack is full: count the call, keep its exit matched, hook nothing."""
+    ts.overrun += 1
+    _missed(code, True)
+    if marker is not None:
+        ts.stack.append(marker)
 
 
 def _on_return(code: CodeType, offset: int, retval: Any) -> None:
@@ -426,8 +419,29 @@ def _on_return(code: CodeType, offset: int, retval: Any) -> None:
                        _now() if t0 else 0, rec[REC_SLEEP], 0)
                 except Exception as exc:
                     handler_failed(reg, exc)
-        elif len(rec) > REC_HEADER:
-            deliver(rec, len(stack), retval, None, _now() if rec[REC_TIME] else 0, 0)
+        elif len(rec) > REC_HEADER:  # several claims: newest first, each exactly once
+            t0 = rec[REC_TIME]
+            t = _now() if t0 else 0
+            frame = rec[REC_FRAME]
+            depth = len(stack)
+            sleep = rec[REC_SLEEP]
+            inflight = ts.inflight  # lets a handler's unregister() find the other claims
+            inflight.append(rec)
+            try:
+                while len(rec) > REC_HEADER:
+                    data = rec.pop()
+                    reg = rec.pop()
+                    fn = reg.retfunc
+                    if fn is not None:
+                        try:
+                            fn(code, frame, depth, data, retval, None, t0, t, sleep, 0)
+                        except Exception as exc:
+                            handler_failed(reg, exc)
+            except BaseException:  # KeyboardInterrupt/SystemExit: deliver the rest first
+                deliver(rec, depth, retval, None, t, 0)
+                raise
+            finally:
+                inflight.pop()
     finally:
         ts.busy = False
 

@@ -196,7 +196,8 @@ class Engine:
         self._slots: list[_core.Registration | None] = [None] * FGRAPH_ARRAY_SIZE
         self._graph: dict[FgraphOps, _core.Registration] = {}
         self._entry: dict[FtraceOps, _core.EntryRegistration] = {}
-        self._selection: dict[_Ops, set[CodeType]] = {}
+        # id(code) -> code per user: code objects compare by value, so never a set of them
+        self._selection: dict[_Ops, dict[int, CodeType]] = {}
         self._events: dict[int, tuple[CodeType, int]] = {}  # local events we have set
         self._table: dict[int, tuple] = {}
         self._unsubscribe: Callable[[], None] | None = None
@@ -332,7 +333,7 @@ class Engine:
             old = self._selection[ops]
             new = self._select(ops)
             self._selection[ops] = new
-            self._reconcile([], removing=bool(old - new))
+            self._reconcile([], removing=bool(old.keys() - new.keys()))
 
     def set_max_depth(self, depth: int | None) -> None:
         """Shadow-stack depth past which calls are counted as overruns (None: the default)."""
@@ -353,10 +354,9 @@ class Engine:
             self.stop()
 
     # --- resolution -----------------------------------------------------------------------
-    def _select(self, ops: _Ops) -> set[CodeType]:
-        reg = self.registry
-        return {info.code for info in reg.functions()
-                if not _own_code(info) and ops.filter.matches(info)}
+    def _select(self, ops: _Ops) -> dict[int, CodeType]:
+        return {id(info.code): info.code for info in ops.filter.select_infos()
+                if not _own_code(info)}
 
     def _on_new_functions(self, infos: list[FunctionInfo]) -> None:
         """Registry callback (imports, new code): hook what existing filters now match."""
@@ -367,7 +367,7 @@ class Engine:
             for ops, sel in self._selection.items():
                 for info in infos:
                     if not _own_code(info) and ops.filter.matches(info):
-                        sel.add(info.code)
+                        sel[id(info.code)] = info.code
                         changed = True
             if changed:
                 self._reconcile([])
@@ -379,13 +379,13 @@ class Engine:
         graph_users: dict[int, list] = {}
         codes: dict[int, CodeType] = {}
         for ops, ereg in self._entry.items():
-            for code in self._selection[ops]:
+            for code in self._selection[ops].values():
                 codes[id(code)] = code
                 entry_users.setdefault(id(code), []).append(ereg)
         for reg in self._slots:  # slot order = entry-handler order
             if reg is None:
                 continue
-            for code in self._selection[reg.ops]:
+            for code in self._selection[reg.ops].values():
                 codes[id(code)] = code
                 graph_users.setdefault(id(code), []).append(reg)
         core = self.core
@@ -599,7 +599,7 @@ class Engine:
         return None
 
     def enabled_functions(self) -> list[tuple[FunctionInfo, int, int]]:
-        """Hooked code objects with their number of entry and graph users (``enabled_functions``)."""
+        """Hooked code objects with their numbers of entry and graph users."""
         out = []
         for key, (code, _) in self._events.items():
             entry, graph, _, _ = self._table.get(key, ((), (), 0, None))

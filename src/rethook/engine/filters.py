@@ -26,10 +26,12 @@ Globs are compiled once per write; :meth:`FunctionFilter.matches` only runs the 
 
 from __future__ import annotations
 
+import bisect
 import importlib.util
 import re
 import sys
 import threading
+import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from types import CodeType
@@ -135,10 +137,15 @@ class FilterCommand:
 
 # --- parsing -------------------------------------------------------------------------------------
 def compile_glob(glob: str, text: str = "", position: int = 0) -> re.Pattern[str]:
-    """Translate an ftrace glob (``*``, ``?``, ``[...]`` with ``!``/``^`` negation) to a regex.
-
-    ``text`` and ``position`` (where ``glob`` starts in it) locate errors.
+    """Translate an ftrace glob (``*``, ``?``, ``[...]`` with ``!``/``^`` negation) to a regex
+    (use ``fullmatch``). ``text`` and ``position`` (where ``glob`` starts in it) locate errors.
     """
+    return re.compile(_glob_regex(glob, text, position), re.DOTALL)
+
+
+def _glob_regex(glob: str, text: str = "", position: int = 0) -> str:
+    """The regex source of a glob. Negated classes never match a tab or newline (names hold
+    neither), so the source also works line by line on the search index."""
     out: list[str] = []
     i, n = 0, len(glob)
     while i < n:
@@ -166,7 +173,7 @@ def compile_glob(glob: str, text: str = "", position: int = 0) -> re.Pattern[str
             members = "".join(
                 "-" if ch == "-" and 0 < k < last else re.escape(ch) for k, ch in enumerate(inner)
             )
-            cls = f"[{'^' if negate else ''}{members}]"
+            cls = f"[^{members}\\t\\n]" if negate else f"[{members}]"
             try:
                 re.compile(cls)
             except re.error as e:
@@ -177,7 +184,7 @@ def compile_glob(glob: str, text: str = "", position: int = 0) -> re.Pattern[str
         else:
             out.append(re.escape(c))
         i += 1
-    return re.compile("".join(out), re.DOTALL)
+    return "".join(out)
 
 
 def _parse_count(word: str, text: str, pos: int) -> int | None:
@@ -276,7 +283,7 @@ class _GlobSet:
             if not _has_glob(g):
                 exact.add(g)
             elif _has_glob(inner):
-                regexes.append(compile_glob(g).pattern)
+                regexes.append(_glob_regex(g))
             elif g.startswith("*") and g.endswith("*"):
                 middles.append(inner)  # also "*" alone: "" is in everything
             elif g.endswith("*"):
@@ -499,15 +506,9 @@ class FunctionFilter:
     def pending(self) -> list[str]:
         """Patterns and commands that select nothing yet (their module is not imported)."""
         st = self._state
-        functions = self.registry.functions()
-        out = []
-        for e in (*st.filter, *st.notrace):
-            if e.include and not any(e.compiled.test(f, _keys(f)) for f in functions):
-                out.append(e.text)
-        for c in st.commands:
-            comp = _Compiled(c.pattern)
-            if not any(comp.test(f, _keys(f)) for f in functions):
-                out.append(c.text)
+        index = _index_for(self.registry)
+        out = [e.text for e in (*st.filter, *st.notrace) if e.include and not index.any(e.pattern)]
+        out += [c.text for c in st.commands if not index.any(c.pattern)]
         return out
 
     # --- writing --------------------------------------------------------------------------------
@@ -543,6 +544,76 @@ class FunctionFilter:
                 f"notrace={self.notrace_patterns!r} commands={len(self._state.commands)}>")
 
 
+class _Index:
+    """All match keys of a registry as one string, ``module<TAB>key`` per line, so that a write
+    checks each pattern with one regex search in C instead of a Python loop over functions."""
+
+    def __init__(self, functions: list[FunctionInfo]) -> None:
+        lines: list[str] = []
+        owners: list[FunctionInfo] = []
+        starts: list[int] = []
+        by_key: dict[str, list[FunctionInfo]] = {}
+        pos = 1  # the text starts with a newline: every line is preceded by one
+        for info in functions:
+            for k in _keys(info):
+                line = f"{info.module}\t{k}"
+                lines.append(line)
+                owners.append(info)
+                starts.append(pos)
+                pos += len(line) + 1
+                by_key.setdefault(k, []).append(info)
+        self.text = "\n" + "\n".join(lines) + "\n"
+        self.owners = owners
+        self.starts = starts
+        self.by_key = by_key  # exact patterns without a module need no search
+
+    @staticmethod
+    def regex(p: Pattern) -> re.Pattern[str]:
+        # Regexes that start with literal characters let the engine skip to candidate lines.
+        glob = _glob_regex(p.glob)
+        if p.module is None:
+            return re.compile(f"\t(?:{glob})(?=\n)")
+        if _has_glob(p.module):
+            mod = _glob_regex(p.module)
+        else:
+            mod = re.escape(p.module) + r"(?:\.[^\t\n]*)?"
+        return re.compile(f"\n(?:{mod})\t(?:{glob})(?=\n)")
+
+    def any(self, p: Pattern) -> bool:
+        if p.module is None and not _has_glob(p.glob):
+            return p.glob in self.by_key
+        return self.regex(p).search(self.text) is not None
+
+    def hits(self, p: Pattern) -> list[FunctionInfo]:
+        out: dict[int, FunctionInfo] = {}
+        if p.module is None and not _has_glob(p.glob):
+            for info in self.by_key.get(p.glob, ()):
+                out[id(info)] = info
+            return list(out.values())
+        starts, owners = self.starts, self.owners
+        for m in self.regex(p).finditer(self.text):
+            info = owners[bisect.bisect_right(starts, m.end() - 1) - 1]
+            out[id(info)] = info
+        return list(out.values())
+
+
+_indexes: weakref.WeakKeyDictionary[Registry, tuple[int, _Index]] = weakref.WeakKeyDictionary()
+_indexes_lock = threading.Lock()
+
+
+def _index_for(registry: Registry) -> _Index:
+    generation = registry.generation
+    functions = registry.functions()  # may scan (and bump the generation) the first time
+    with _indexes_lock:
+        cached = _indexes.get(registry)
+        if cached is not None and cached[0] == generation == registry.generation:
+            return cached[1]
+    index = _Index(functions)
+    with _indexes_lock:
+        _indexes[registry] = (generation, index)
+    return index
+
+
 class _Resolver:
     """Answers "does this pattern select anything (now or once its module loads)?" for a write,
     fetching the registry's function list once."""
@@ -550,23 +621,20 @@ class _Resolver:
     def __init__(self, registry: Registry, text: str) -> None:
         self.registry = registry
         self.text = text
-        self._functions: list[FunctionInfo] | None = None
+        self._index: _Index | None = None
 
     @property
-    def functions(self) -> list[FunctionInfo]:
-        if self._functions is None:
-            self._functions = self.registry.functions()
-        return self._functions
+    def index(self) -> _Index:
+        if self._index is None:
+            self._index = _index_for(self.registry)
+        return self._index
 
-    def hits(self, compiled: _Compiled) -> list[FunctionInfo]:
-        return [f for f in self.functions if compiled.test(f, _keys(f))]
+    def hits(self, pattern: Pattern) -> list[FunctionInfo]:
+        return self.index.hits(pattern)
 
-    def check(self, pattern: Pattern, compiled: _Compiled) -> None:
+    def check(self, pattern: Pattern) -> None:
         """Raise unless the pattern selects something or may once a module is imported."""
-        for f in self.functions:
-            if compiled.test(f, _keys(f)):
-                return
-        if not self.may_load_later(pattern):
+        if not self.index.any(pattern) and not self.may_load_later(pattern):
             raise FilterError(f"no function matches '{pattern.text}'", self.text,
                               pattern.position + (1 if pattern.remove else 0))
 
@@ -605,7 +673,7 @@ def _apply_pattern(entries: list[_Entry], p: Pattern, resolver: _Resolver) -> No
     text = p.text
     compiled = _Compiled(p)
     if not p.remove:
-        resolver.check(p, compiled)
+        resolver.check(p)
         entries[:] = [e for e in entries if e.text != text]
         entries.append(_Entry(p, True, compiled))
         return
@@ -617,7 +685,7 @@ def _apply_pattern(entries: list[_Entry], p: Pattern, resolver: _Resolver) -> No
     # Like the kernel, '!' takes functions out of the hash: record an exclusion if the rest of
     # the hash still selects some function the pattern matches (or it names a module that is not
     # imported yet). Otherwise removing the pattern itself was all there was to do.
-    hits = resolver.hits(compiled)
+    hits = resolver.hits(p)
     if hits:
         remaining = _compile_hash(tuple(entries))
         assert remaining is not None
@@ -633,7 +701,7 @@ def _apply_command(commands: list[FilterCommand], c: FilterCommand, resolver: _R
     if c.remove:
         commands[:] = [x for x in commands if x.key != key]
         return
-    resolver.check(c.pattern, _Compiled(c.pattern))
+    resolver.check(c.pattern)
     stored = FilterCommand(c.glob, c.module, c.command, c.args, c.count, False, c.position)
     for i, x in enumerate(commands):
         if x.key == key:

@@ -11,12 +11,16 @@ Discovery
 * Already loaded code: ``gc.get_objects()`` filtered to functions (covers closures, decorated
   functions and methods), then every code object nested in theirs (``co_consts``), which finds
   generator expressions, lambdas and inner functions that do not exist as functions yet.
-* Modules imported later: an audit hook on the ``"exec"`` event. Importing a module executes its
-  code object with the builtin ``exec``; the hook receives that code object *before the module
-  body runs*, and its ``co_consts`` hold every function the module will define. So a filter that
-  names a function of a module not imported yet is hooked before its first call.
-* After such a module's body has run, its namespace is scanned once for functions whose code was
-  generated at run time (``dataclasses``, ``namedtuple``...).
+* Modules imported later: a meta-path finder (first on ``sys.meta_path`` while someone
+  subscribes) that finds nothing itself but asks the finders after it, and wraps the loader it
+  gets: ``get_code`` (which every source and bytecode loader calls just before running the
+  module body) registers the module's code object, whose ``co_consts`` hold every function the
+  module will define; so a filter that names a function of a module not imported yet is hooked
+  before its first call. ``exec_module`` is wrapped too, so that after the body has run the
+  namespace is scanned once for functions generated at run time (``dataclasses``,
+  ``namedtuple``...) and for modules whose loader has no ``get_code``.
+  (Not an audit hook: audit hooks cannot be removed, and once one exists ``id()`` and
+  ``sys._getframe()``, which the engine's hot path calls, each raise an audit event.)
 * :meth:`Registry.add_code` for code the caller compiles itself (a script run by the CLI), and
   :meth:`Registry.refresh` as a safety net.
 
@@ -40,6 +44,7 @@ from types import (
     GeneratorType,
     ModuleType,
 )
+from typing import Any
 
 __all__ = ["FunctionInfo", "Registry", "default_registry", "code_kind"]
 
@@ -166,7 +171,7 @@ class Registry:
         self._listed: list[FunctionInfo] | None = None  # sorted cache, rebuilt on demand
         self._subscribers: tuple[Subscriber, ...] = ()
         self._scanned = False
-        self._modules_len_at_scan = -1
+        self._modules_at_scan: frozenset[tuple[str, int]] = frozenset()
         self._file_map: dict[str, str] = {}
         self._file_map_len = -1
         self._pending_namespaces: list[str] = []  # modules whose body may still generate code
@@ -310,7 +315,7 @@ class Registry:
         with self._lock:
             if not self._scanned:
                 self._scan()
-            elif not self._subscribers and len(sys.modules) != self._modules_len_at_scan:
+            elif not self._subscribers and _modules_signature() != self._modules_at_scan:
                 # No import hook is active: catch up on modules loaded since the last scan.
                 self._scan()
             found = self._scan_pending_namespaces(include_initializing=False)
@@ -339,7 +344,7 @@ class Registry:
             elif t is AsyncGeneratorType:
                 gens.append((o.ag_code, o.ag_frame))
         self._scanned = True
-        self._modules_len_at_scan = len(sys.modules)
+        self._modules_at_scan = _modules_signature()
         new = self._register_functions(funcs)
         entries: dict[int, _Entry] = {}
         for code, frame in gens:
@@ -425,9 +430,11 @@ class Registry:
 
     def _commit(self, entries: dict[int, _Entry]) -> list[FunctionInfo]:
         """Name a batch of new code objects and publish them. Caller holds the lock."""
-        if not entries:
+        # Re-check: a finalizer run by the garbage collector in the middle of a scan may have
+        # imported something, registering code of this batch through the (reentrant) lock.
+        batch = [e for e in entries.values() if id(e.code) not in self._by_id]
+        if not batch:
             return []
-        batch = list(entries.values())
         groups: dict[str, list[_Entry]] = {}
         for e in batch:
             groups.setdefault(f"{e.module}.{e.qualname}", []).append(e)
@@ -520,6 +527,18 @@ class Registry:
                 self._pending_namespaces.append(module)
         self._notify(found + new)
 
+    def _on_module_loaded(self, module: ModuleType) -> None:
+        """A module body has run: register what its namespace holds that is still unknown."""
+        name = getattr(module, "__name__", None)
+        if not isinstance(name, str):
+            return
+        with self._lock:
+            found = _listable(self._register_functions(
+                _namespace_functions(module, self._by_id)))
+            if name in self._pending_namespaces:
+                self._pending_namespaces.remove(name)
+        self._notify(found)
+
     def _scan_pending_namespaces(self, include_initializing: bool) -> list[FunctionInfo]:
         """Register functions generated while recently imported modules ran their bodies.
 
@@ -542,6 +561,12 @@ class Registry:
             found.extend(_namespace_functions(mod, self._by_id))
         self._pending_namespaces = keep
         return _listable(self._register_functions(found)) if found else []
+
+
+def _modules_signature() -> frozenset[tuple[str, int]]:
+    """Which modules are loaded (names and objects: a module imported again counts as new)."""
+    items = list(sys.modules.items())  # one atomic copy; other threads may be importing
+    return frozenset((name, id(mod)) for name, mod in items)
 
 
 def _listable(infos: list[FunctionInfo]) -> list[FunctionInfo]:
@@ -585,90 +610,92 @@ def _namespace_functions(mod: ModuleType, known: dict[int, FunctionInfo]) -> lis
     return out
 
 
-# --- the process-wide audit hook ---------------------------------------------------------------
-# Audit hooks cannot be removed, so one is installed on first subscription and stays; it returns
-# at once for every event but "exec", and for "exec" when no registry has subscribers.
+# --- the process-wide import watcher ------------------------------------------------------------
 _active: tuple[Registry, ...] = ()
 _hook_lock = threading.Lock()
-_hook_installed = False
+_finding = threading.local()  # re-entrancy guard: finders may import while finding
+_WATCHED = "_rethook_watched"
+
+
+class _ImportWatcher:
+    """A meta-path finder that asks the finders after it and watches the loader they return."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if not _active or getattr(_finding, "on", False):
+            return None
+        _finding.on = True
+        try:
+            meta = sys.meta_path
+            try:
+                later = meta[meta.index(self) + 1:]
+            except ValueError:
+                return None
+            for finder in later:
+                find = getattr(finder, "find_spec", None)
+                if find is None:
+                    continue
+                spec = find(fullname, path, target)
+                if spec is not None:
+                    _watch_loader(spec.loader)
+                    return spec
+            return None
+        finally:
+            _finding.on = False
+
+    def invalidate_caches(self) -> None:
+        pass
+
+
+def _watch_loader(loader: Any) -> None:
+    """Wrap one loader instance's ``get_code`` and ``exec_module`` (classes are left alone)."""
+    if loader is None or isinstance(loader, type) or getattr(loader, _WATCHED, False):
+        return
+    get_code = getattr(loader, "get_code", None)
+    exec_module = getattr(loader, "exec_module", None)
+    if exec_module is None:
+        return
+
+    def watched_get_code(fullname: str) -> Any:
+        code = get_code(fullname)
+        if type(code) is CodeType:
+            for reg in _active:
+                reg._on_module_exec(code, fullname)
+        return code
+
+    def watched_exec_module(module: ModuleType) -> None:
+        try:
+            exec_module(module)
+        finally:
+            for reg in _active:
+                reg._on_module_loaded(module)
+
+    try:
+        if get_code is not None:
+            loader.get_code = watched_get_code
+        loader.exec_module = watched_exec_module
+        setattr(loader, _WATCHED, True)
+    except (AttributeError, TypeError):  # a loader with __slots__: the refresh() net remains
+        pass
+
+
+_watcher = _ImportWatcher()
 
 
 def _activate(reg: Registry) -> None:
-    global _active, _hook_installed
+    global _active
     with _hook_lock:
         if reg not in _active:
             _active = (*_active, reg)
-        if not _hook_installed:
-            _hook_installed = True
-            try:
-                sys.addaudithook(_audit_hook)
-            except Exception:  # another audit hook vetoed it: refresh() still works
-                print("rethook: cannot install the import hook; call refresh() after imports",
-                      file=sys.stderr)
+        if _watcher not in sys.meta_path:
+            sys.meta_path.insert(0, _watcher)
 
 
 def _deactivate(reg: Registry) -> None:
     global _active
     with _hook_lock:
         _active = tuple(r for r in _active if r is not reg)
-
-
-def _audit_hook(event: str, args: tuple) -> None:
-    if event != "exec" or not _active:
-        return
-    try:
-        code = args[0]
-        if type(code) is not CodeType:
-            return
-        module = _exec_target(sys._getframe(1), code)
-        if module is None:
-            return
-        for reg in _active:
-            reg._on_module_exec(code, module)
-    except Exception:
-        # An exception here would abort the import; losing the early registration is harmless
-        # (refresh() and info() still find the code).
-        pass
-
-
-def _exec_target(frame: FrameType | None, code: CodeType) -> str | None:
-    """The name of the module whose body ``exec(code, ...)`` is about to run, or None.
-
-    Recognises the ways modules get executed: importlib (``_call_with_frames_removed(exec,
-    code, module.__dict__)``), loaders calling ``exec(code, module.__dict__)`` with the module in
-    a local (frozen modules, pytest's assertion rewriter, zipimport) and runpy's ``_run_code``.
-    Any other exec (namedtuple, dataclasses, user code) is not an import: its functions are
-    found when they exist (namespace scan, refresh, info).
-    """
-    if frame is None:
-        return None
-    loc = frame.f_locals
-    args = loc.get("args")
-    if type(args) is tuple and len(args) >= 2 and args[0] is code and type(args[1]) is dict:
-        name = args[1].get("__name__")
-        if isinstance(name, str):
-            return name
-    filename = code.co_filename
-    for key in ("module", "mod"):
-        mod = loc.get(key)
-        if isinstance(mod, ModuleType) and _module_owns_file(mod, filename):
-            return mod.__name__
-    run_globals = loc.get("run_globals")
-    if type(run_globals) is dict and frame.f_code.co_name == "_run_code":
-        name = run_globals.get("__name__")
-        if isinstance(name, str):
-            return name
-    return None
-
-
-def _module_owns_file(mod: ModuleType, filename: str) -> bool:
-    d = mod.__dict__
-    if d.get("__file__") == filename:
-        return True
-    spec = d.get("__spec__")
-    if spec is not None and getattr(spec, "origin", None) == filename:
-        return True
-    return filename == f"<frozen {d.get('__name__')}>"
+        if not _active and _watcher in sys.meta_path:
+            sys.meta_path.remove(_watcher)
 
 
 _default: Registry | None = None

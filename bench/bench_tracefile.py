@@ -1,0 +1,149 @@
+"""Benchmark the trace file writer (and the ring buffer's append) in pure Python.
+
+Writes one million function_graph-like events (entry/exit pairs from 4 threads,
+300 distinct function names, nested depths) to a temporary trace file, several
+times, and prints the median time, events/s and bytes/event; then reads the file
+back once to time the reader. The ring buffer part measures the per-event cost of
+a cached ``ThreadBuffer.append`` in overwrite mode and in a full non-overwrite
+buffer, against an empty loop.
+
+Requirement checked here (not in the tests): writing 1M events takes <= 0.5 s.
+
+    python bench/bench_tracefile.py [--events N] [--repeat R]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+
+from rethook.buffer.events import FormatRegistry
+from rethook.buffer.ring import TraceBuffer
+from rethook.buffer.tracefile import TraceReader, TraceWriter
+
+WRITE_BUDGET_SECONDS = 0.5
+THREADS = 4
+FUNCTIONS = 300
+
+
+def make_events(n: int) -> tuple[FormatRegistry, list[tuple]]:
+    """Entry/exit pairs of nested calls on 4 threads, merged in timestamp order."""
+    rng = random.Random(42)
+    reg = FormatRegistry()
+    entry = reg.register("funcgraph_entry", ["depth:u64", "func:str"])
+    exit_ = reg.register(
+        "funcgraph_exit",
+        ["depth:u64", "func:str", "calltime:u64", "overrun:u64", "flags:u64", "retval:str"],
+    )
+    names = [f"pkg.module_{i % 17}.function_{i}" for i in range(FUNCTIONS)]
+    retvals = ["None", "0", "1", "True", "False", "''", "[]"]
+    ts = time.perf_counter_ns()
+    stacks: list[list[tuple[str, int]]] = [[] for _ in range(THREADS)]
+    tids = [100_000 + 17 * t for t in range(THREADS)]
+    events: list[tuple] = []
+    while len(events) < n:
+        t = rng.randrange(THREADS)
+        stack = stacks[t]
+        ts += rng.randrange(40, 400)
+        if stack and (len(stack) > 12 or rng.random() < 0.5):
+            func, start = stack.pop()
+            events.append(
+                (exit_.id, ts, tids[t], len(stack), func, start, 0, 0, rng.choice(retvals))
+            )
+        else:
+            func = rng.choice(names)
+            events.append((entry.id, ts, tids[t], len(stack), func))
+            stack.append((func, ts))
+    return reg, events
+
+
+def bench_write(reg: FormatRegistry, events: list[tuple], repeat: int, path: str) -> list[float]:
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        with TraceWriter(path, {"tracer": "function_graph"}, formats=reg) as w:
+            for i in range(THREADS):
+                w.set_thread_name(100_000 + 17 * i, f"worker-{i}")
+            w.write_events(events)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def bench_read(path: str) -> float:
+    t0 = time.perf_counter()
+    count = sum(1 for _ in TraceReader(path).events())
+    elapsed = time.perf_counter() - t0
+    assert count > 0
+    return elapsed
+
+
+def per_append_ns(overwrite: bool, n: int, repeat: int) -> float:
+    tb = TraceBuffer(overwrite=overwrite)
+    buf = tb.local()
+    append = buf.append
+    event = (0, 1, buf.tid, 3, "f")
+    results = []
+    for _ in range(repeat):
+        t0 = time.perf_counter_ns()
+        for _ in range(n):
+            append(event)
+        t1 = time.perf_counter_ns()
+        for _ in range(n):
+            pass
+        t2 = time.perf_counter_ns()
+        results.append(((t1 - t0) - (t2 - t1)) / n)
+    return statistics.median(results)
+
+
+def local_ns(n: int, repeat: int) -> float:
+    tb = TraceBuffer()
+    tb.local()
+    results = []
+    for _ in range(repeat):
+        t0 = time.perf_counter_ns()
+        for _ in range(n):
+            tb.local()
+        t1 = time.perf_counter_ns()
+        for _ in range(n):
+            pass
+        t2 = time.perf_counter_ns()
+        results.append(((t1 - t0) - (t2 - t1)) / n)
+    return statistics.median(results)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--repeat", type=int, default=7)
+    args = parser.parse_args()
+
+    print(f"python {sys.version.split()[0]}")
+    print("ring buffer, cached ThreadBuffer.append (median of 5 x 2M):")
+    print(f"  overwrite=True            {per_append_ns(True, 2_000_000, 5):6.1f} ns/event")
+    print(f"  overwrite=False, full     {per_append_ns(False, 2_000_000, 5):6.1f} ns/event")
+    print(f"  TraceBuffer.local()       {local_ns(2_000_000, 5):6.1f} ns/call")
+
+    reg, events = make_events(args.events)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "bench.rhtrace")
+        times = bench_write(reg, events, args.repeat, path)
+        size = os.path.getsize(path)
+        read_s = bench_read(path)
+    median = statistics.median(times)
+    n = len(events)
+    print(f"trace file, {n} events, {args.repeat} runs:")
+    print(f"  write median {median:.3f} s  (min {min(times):.3f}, max {max(times):.3f})")
+    print(f"  {n / median / 1e6:.2f} M events/s, {size / n:.2f} bytes/event, {size} bytes")
+    print(f"  read back    {read_s:.3f} s  ({n / read_s / 1e6:.2f} M events/s)")
+    ok = median <= WRITE_BUDGET_SECONDS * n / 1_000_000
+    print(f"  budget {WRITE_BUDGET_SECONDS} s per 1M events: {'OK' if ok else 'OVER'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

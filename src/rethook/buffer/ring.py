@@ -1,0 +1,757 @@
+"""The trace ring buffer: one bounded buffer per thread, like the kernel's per-CPU buffers.
+
+Writers
+    A tracer gets the calling thread's buffer once (``buf = tb.local()``) and
+    caches ``append = buf.append``; after that recording an event is one call
+    that appends to a Python list and compares its length with a limit. All the
+    bookkeeping (page switches, overwrite, drops, the ``tracing_on`` gate) happens
+    in a slow path entered once per page, or once per batch of refused events
+    while a non-overwriting buffer is full.
+
+Pages and sequence numbers
+    Each thread's events live in a deque of pages, like the kernel's page list.
+    Every event made while tracing is on gets the next sequence number of its
+    thread, so each page is ``(first_seq, [events])`` and a lost event is just a
+    sequence number that no page holds. This is what lets readers in other
+    threads account for loss exactly without the writer ever taking a lock:
+    entries written = next sequence number - sequence number at the last clear;
+    lost = written - entries in the buffer - entries consumed by the pipe.
+
+Capacity
+    ``size_kb`` is per thread, like the kernel's ``buffer_size_kb``. The byte
+    budget is turned into events with a nominal event size,
+    :data:`NOMINAL_EVENT_BYTES`; one page of it is reserved for the page being
+    filled, a few events for counting refused ones, and the rest is
+    :attr:`TraceBuffer.capacity`, the most events a thread's buffer ever holds
+    for readers. Overwrite mode keeps the newest
+    ``capacity`` events (the oldest are lost); non-overwrite mode refuses new
+    events while ``capacity`` unread events are held (the newest are lost).
+
+Readers
+    :meth:`TraceBuffer.snapshot` / :meth:`TraceBuffer.iter_trace` are the
+    ``trace`` file: everything held, all threads merged by timestamp, nothing
+    consumed. :meth:`TraceBuffer.pipe` is ``trace_pipe``: a consuming reader that
+    blocks until events arrive and reports gaps as :class:`Lost` items (loss
+    after a thread's last event too, so a pipe read to the end has reported
+    every lost event).
+
+Ordering guarantee
+    Within one thread, readers see events in the order they were appended,
+    always. Across threads, every read merges the events it collects by
+    timestamp, so a snapshot is fully ordered by timestamp. A pipe orders each
+    batch it collects; an event appended after a batch was read but stamped
+    before it (its writer was preempted between stamping and appending) comes
+    in a later batch, so across batches the order is per thread only -- the
+    same caveat as the kernel's trace_pipe.
+
+Threads
+    The writer's fast path takes no lock; everything else (the writer's slow
+    path, readers, resize, clear, the gate) holds the thread buffer's lock. A buffer must be
+    appended to only by its own thread. Buffers of threads that have ended stay
+    readable until :meth:`TraceBuffer.clear`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from operator import itemgetter
+from typing import NamedTuple
+
+from rethook.buffer.events import Event, Lost
+
+#: Nominal memory of one event, used to turn ``size_kb`` into an event count: a 6-item
+#: event tuple (88 bytes with its GC header), one fresh int for the timestamp (32 bytes;
+#: small ints and interned strings are shared) and the 8-byte slot in its page.
+NOMINAL_EVENT_BYTES = 128
+
+#: The kernel's default ``buffer_size_kb``.
+DEFAULT_SIZE_KB = 1408
+
+#: Pages a buffer is split into (page size shrinks for small buffers, capped below).
+PAGES_PER_BUFFER = 16
+
+#: Upper bound of events per page: bounds the copy made when the oldest page is trimmed.
+MAX_PAGE_EVENTS = 4096
+
+#: While a full non-overwriting buffer refuses events, they are counted in batches of this
+#: many (fewer for small pages); a reader that makes room ends the batch at once.
+DROP_BATCH_EVENTS = 64
+
+#: How often a blocked pipe reader looks for events in pages that are still being filled
+#: (completed pages wake it at once).
+PIPE_POLL_SECONDS = 0.05
+
+# Where appends go while tracing is off: a deque that keeps nothing, so a cached append
+# stays valid and costs the same whether or not tracing is on.
+_SINK: deque = deque(maxlen=0)
+
+
+def buffer_geometry(size_kb: int) -> tuple[int, int]:
+    """Return ``(capacity, page_events)`` for a per-thread budget of ``size_kb`` KiB.
+
+    The budget holds ``capacity`` events for readers, plus the page being filled and
+    one batch of refused events being counted: a thread's buffer never keeps more
+    than ``size_kb`` KiB of events at the nominal size (see ThreadBuffer.held_events).
+    """
+    if not isinstance(size_kb, int) or isinstance(size_kb, bool) or size_kb < 1:
+        raise ValueError(f"buffer size must be a positive number of KiB, got {size_kb!r}")
+    budget = max(3, size_kb * 1024 // NOMINAL_EVENT_BYTES)
+    page_events = max(1, min(MAX_PAGE_EVENTS, budget // (PAGES_PER_BUFFER + 1)))
+    return budget - page_events - _drop_batch(page_events), page_events
+
+
+def _drop_batch(page_events: int) -> int:
+    return min(DROP_BATCH_EVENTS, page_events)
+
+
+class BufferStats(NamedTuple):
+    """Counts since the last clear, as tracefs shows them."""
+
+    entries: int  #: events held and not yet consumed ("entries-in-buffer")
+    written: int  #: events made while tracing was on ("entries-written"), lost ones included
+    lost: int  #: events overwritten (overwrite mode) or refused (buffer full)
+    read: int  #: events consumed by pipe readers
+
+
+class ThreadStats(NamedTuple):
+    """One thread's :class:`BufferStats`, with the thread's identity."""
+
+    tid: int
+    name: str
+    entries: int
+    written: int
+    lost: int
+    read: int
+    finished: bool
+
+
+def _make_writer(slow: Callable[[], None]) -> tuple[Callable[[Event], None], Callable]:
+    """Build the hot append function and the setter that points it at a page.
+
+    A closure, not a method: its state lives in cells, which is a few ns cheaper
+    per call than attribute lookups on an instance.
+    """
+    page: list | deque = _SINK
+    limit = 1
+
+    def append(event: Event) -> None:
+        p = page
+        p.append(event)
+        if len(p) >= limit:
+            slow()
+
+    def retarget(new_page: list | deque, new_limit: int) -> None:
+        nonlocal page, limit
+        # limit first: a writer racing with us then sees the new page only with the new limit
+        limit = new_limit
+        page = new_page
+
+    return append, retarget
+
+
+class ThreadBuffer:
+    """The ring buffer of one thread. Get it with :meth:`TraceBuffer.local`.
+
+    ``append(event)`` is the hot path; cache it, and call it only from this
+    thread. ``tid`` is the thread's native id, the value tracers put in the
+    events' ``tid`` field. The ring's own code must not be traced into it (its
+    locks are not reentrant), which the engine's recursion guard ensures.
+    """
+
+    __slots__ = (
+        "append",
+        "tid",
+        "finished",
+        "_retarget",
+        "_owner",
+        "_name",
+        "_thread",
+        "_lock",
+        "_pages",
+        "_closed",
+        "_live",
+        "_live_base",
+        "_scratch",
+        "_dropping",
+        "_drop_base",
+        "_dropped",
+        "_read_pos",
+        "_clear_seq",
+        "_floor",
+        "_consumed",
+        "__weakref__",
+    )
+
+    def __init__(self, owner: TraceBuffer, tid: int, thread: threading.Thread | None) -> None:
+        self._owner = owner
+        self.tid = tid
+        self._thread = weakref.ref(thread) if thread is not None else None
+        self._name = thread.name if thread is not None else f"tid-{tid}"
+        self.finished = False
+        self._lock = threading.Lock()
+        self._live: list = []
+        self._live_base = 0
+        self._pages: deque[tuple[int, list]] = deque([(0, self._live)])
+        self._closed = 0  # events held in pages other than the live one
+        self._scratch: list = []  # receives appends while a full non-overwrite buffer drops
+        self._dropping = False
+        self._drop_base = 0  # sequence number of the first dropped event of this episode
+        self._dropped = 0  # events dropped in this episode (scratch not yet counted)
+        self._read_pos = 0  # next sequence number the pipe will consume
+        self._clear_seq = 0  # sequence number at the last clear: counters start here
+        self._floor = 0  # events below this are gone (resize, overwrite switched off)
+        self._consumed = 0
+        self.append, self._retarget = _make_writer(self._slow)
+        with self._lock:
+            self._poke()
+
+    @property
+    def name(self) -> str:
+        """The thread's current name (its last name once it has ended)."""
+        thread = self._thread() if self._thread is not None else None
+        if thread is not None:
+            self._name = thread.name
+        return self._name
+
+    # -- writer side -----------------------------------------------------------------
+
+    def _slow(self) -> None:
+        """Called by ``append`` when the current page reached its limit (writer thread)."""
+        owner = self._owner
+        with self._lock:
+            completed = self._writer_step()
+        if completed and owner._waiting:
+            owner._wake()
+
+    def _writer_step(self) -> bool:
+        """Account for what was appended and point the writer at the right page.
+
+        Runs only in the owning thread (under the lock), because only there can no
+        append be in flight: that is what makes it safe to give sequence numbers
+        to new pages and to move events between pages. Returns True when a page
+        was completed, so blocked pipe readers can be woken.
+        """
+        owner = self._owner
+        capacity, page_events, overwrite = owner._capacity, owner._page_events, owner._overwrite
+        completed = False
+        self._rebase_live()
+        if self._dropping:
+            scratch = self._scratch
+            if overwrite or self._unconsumed() < capacity:
+                # room again (a reader consumed, a clear, or overwrite was switched on):
+                # those poke us, so the event that found the room is the last one in
+                # scratch; the ones before it came while the buffer was full.
+                found_room = scratch[-1:]
+                self._dropped += len(scratch) - len(found_room)
+                scratch.clear()
+                self._dropping = False
+                self._open_page(self._drop_base + self._dropped, found_room)
+                completed = True
+            else:
+                self._dropped += len(scratch)
+                scratch.clear()
+                self._set_target()
+                return False
+        live = self._live
+        if overwrite:
+            if len(live) >= page_events:
+                self._open_page(self._live_base + len(live), [])
+                completed = True
+                self._cut_to(capacity)
+            self._set_target(page_events)
+            return completed
+        self._cut_to(None)
+        room = capacity - self._unconsumed()
+        if room <= 0:
+            excess = 0
+            if room < 0:
+                # more than capacity: appends that were in flight while a resize or an
+                # overwrite switch cut the buffer down. They are the newest, all in the
+                # live page: drop them, as this mode drops the newest.
+                excess = min(-room, len(live) - self._below_start(self._live_base, len(live)))
+                del live[len(live) - excess :]
+            self._dropping = True
+            self._drop_base = self._live_base + len(live)
+            self._dropped = excess
+            self._set_target()
+            return True  # full: wake readers, they make room
+        if len(live) >= page_events:
+            self._open_page(self._live_base + len(live), [])
+            completed = True
+            live = self._live
+        self._set_target(len(live) + min(page_events - len(live), room))
+        return completed
+
+    def _set_target(self, limit: int | None = None) -> None:
+        """Point the writer at the page its next appends go to, and say how many it may
+        append there before calling the slow path again (None: a dropping batch)."""
+        if not self._owner._on:
+            self._retarget(_SINK, 1)
+        elif self._dropping:
+            # refused events are only counted, a batch at a time
+            batch = _drop_batch(self._owner._page_events) if limit is None else limit
+            self._retarget(self._scratch, batch)
+        else:
+            self._retarget(self._live, max(1, limit or 1))
+
+    def _poke(self) -> None:
+        """From any thread: make the writer's next append take the slow path.
+
+        Other threads never renumber pages (the owner may be mid-append); they only
+        make the owner re-examine its state on its next event.
+        """
+        self._set_target(1)
+
+    def _rebase_live(self) -> None:
+        """Drop consumed or cleared events from the front of the live page (writer only:
+        the copy replaces the list appends go to)."""
+        skip = self._below_start(self._live_base, len(self._live))
+        if skip:
+            self._live = self._live[skip:]
+            self._live_base += skip
+            self._pages[-1] = (self._live_base, self._live)
+
+    def _open_page(self, base: int, events: list) -> None:
+        self._closed += len(self._live)
+        self._live = events
+        self._live_base = base
+        self._pages.append((base, events))
+
+    # -- shared bookkeeping (caller holds the lock) ---------------------------------------
+
+    def _start(self) -> int:
+        """The lowest sequence number still visible."""
+        return max(self._floor, self._clear_seq, self._read_pos)
+
+    def _below_start(self, base: int, n: int) -> int:
+        return min(max(self._start() - base, 0), n)
+
+    def _next_seq(self, live_len: int | None = None) -> int:
+        if self._dropping:
+            return self._drop_base + self._dropped + len(self._scratch)
+        return self._live_base + (len(self._live) if live_len is None else live_len)
+
+    def _unconsumed(self) -> int:
+        """Events held at or above the start (ignoring the overwrite window)."""
+        base, events = self._pages[0]
+        return self._closed + len(self._live) - self._below_start(base, len(events))
+
+    def _cut_to(self, keep: int | None) -> None:
+        """Free pages (or the front of the oldest page) below the start, and in front of
+        the newest ``keep`` events. The live page is never cut: the writer appends to it.
+        """
+        pages = self._pages
+        start = self._start()
+        total = self._closed + len(self._live)
+        while len(pages) > 1:
+            base, events = pages[0]
+            n = len(events)
+            remove = min(max(start - base, 0), n)
+            if keep is not None:
+                remove = max(remove, min(total - keep, n))
+            if remove >= n:
+                pages.popleft()
+                self._closed -= n
+                total -= n
+                continue
+            if remove > 0:
+                # a new list: readers may still hold the old one
+                pages[0] = (base + remove, events[remove:])
+                self._closed -= remove
+            break
+
+    def _visible(self) -> tuple[list[tuple[int, list]], int]:
+        """The events readers see, as ``(first_seq, events)`` segments, and the next seq."""
+        owner = self._owner
+        live = self._live
+        live_copy = live[:]  # the only page still growing: freeze it
+        start = self._start()
+        segments = []
+        for base, events in self._pages:
+            if events is live:
+                events = live_copy
+            skip = start - base
+            if skip >= len(events):
+                continue
+            if skip > 0:
+                events = events[skip:]
+                base = start
+            segments.append((base, events))
+        if owner._overwrite:
+            # only the newest `capacity` events are in the ring; older ones were overwritten
+            excess = sum(len(e) for _, e in segments) - owner._capacity
+            while excess > 0 and segments:
+                base, events = segments[0]
+                if len(events) <= excess:
+                    excess -= len(events)
+                    segments.pop(0)
+                else:
+                    segments[0] = (base + excess, events[excess:])
+                    excess = 0
+        return segments, self._next_seq(len(live_copy))
+
+    def _window_floor(self, keep: int) -> int:
+        """The sequence number below which all but the newest ``keep`` events lie."""
+        segments, next_seq = self._visible()
+        held = sum(len(e) for _, e in segments)
+        for base, events in segments:
+            if held - len(events) < keep:
+                return base + (held - keep if held > keep else 0)
+            held -= len(events)
+        return next_seq
+
+    # -- reader side (any thread) --------------------------------------------------------
+
+    @property
+    def held_events(self) -> int:
+        """Events physically in memory: the ones readers see, plus overwritten or consumed
+        ones not reclaimed yet, plus refused ones being counted. At most ``capacity +
+        page_events + min(DROP_BATCH_EVENTS, page_events)``, the ``size_kb`` budget --
+        except after a resize that shrinks the pages, until the thread's next append
+        (only the owning thread may cut the page it appends to)."""
+        with self._lock:
+            return self._closed + len(self._live) + len(self._scratch)
+
+    def stats(self) -> ThreadStats:
+        with self._lock:
+            segments, next_seq = self._visible()
+            entries = sum(len(e) for _, e in segments)
+            written = next_seq - self._clear_seq
+            read = self._consumed
+        return ThreadStats(
+            self.tid, self.name, entries, written, written - entries - read, read, self.finished
+        )
+
+    def events(self) -> list[Event]:
+        """A copy of the events held, oldest first, without consuming them."""
+        with self._lock:
+            segments, _ = self._visible()
+        out: list[Event] = []
+        for _, events in segments:
+            out += events
+        return out
+
+    def _consume(self) -> list[Event | Lost]:
+        """Take every visible event, with ``Lost`` items where sequence numbers skip.
+
+        Loss after the last event (a full non-overwrite buffer still refusing) is
+        reported too, so a pipe that reads to the end has seen every lost event.
+        """
+        with self._lock:
+            segments, next_seq = self._visible()
+            items: list[Event | Lost] = []
+            pos = self._read_pos
+            taken = 0
+            for base, events in segments:
+                if not events:
+                    continue
+                if base > pos:
+                    items.append(Lost(self.tid, base - pos))
+                items += events
+                taken += len(events)
+                pos = base + len(events)
+            if next_seq > pos:
+                items.append(Lost(self.tid, next_seq - pos))
+                pos = next_seq
+            if not items:
+                return items
+            self._read_pos = pos
+            self._consumed += taken
+            self._cut_to(None)
+            if self._dropping:
+                self._poke()  # there is room now: the next event must not be refused
+        return items
+
+    def _clear(self) -> None:
+        with self._lock:
+            seq = self._next_seq()
+            self._clear_seq = seq
+            self._read_pos = seq
+            self._consumed = 0
+            self._pages = deque([(self._live_base, self._live)])
+            self._closed = 0
+            if self._dropping:
+                self._poke()  # room again
+
+    def __repr__(self) -> str:
+        return f"<ThreadBuffer tid={self.tid} name={self.name!r}>"
+
+
+class _ThreadToken:
+    """Lives in the owning thread's thread-local storage; dies when the thread ends."""
+
+    __slots__ = ("buf", "__weakref__")
+
+    def __init__(self, buf: ThreadBuffer) -> None:
+        self.buf = buf
+
+
+def _mark_finished(ref: weakref.ref) -> None:
+    buf = ref()
+    if buf is not None:
+        buf.finished = True
+
+
+class TraceBuffer:
+    """Per-thread trace ring buffers with tracefs-like accounting and two readers.
+
+    ``size_kb`` is each thread's budget (like ``buffer_size_kb``, per CPU there);
+    ``overwrite`` chooses between dropping the oldest events when full (True, the
+    kernel's default) and refusing the newest (False).
+    """
+
+    def __init__(self, size_kb: int = DEFAULT_SIZE_KB, overwrite: bool = True) -> None:
+        self._capacity, self._page_events = buffer_geometry(size_kb)
+        self._size_kb = size_kb
+        self._overwrite = bool(overwrite)
+        self._on = True
+        self._lock = threading.Lock()  # guards the buffer list and configuration changes
+        self._buffers: list[ThreadBuffer] = []
+        self._tls = threading.local()
+        self._cond = threading.Condition(threading.Lock())
+        self._waiting = 0  # blocked pipe readers; writers only signal when there are some
+        self._pipe_lock = threading.Lock()  # one consuming read at a time
+
+    # -- writers --------------------------------------------------------------------------
+
+    def local(self) -> ThreadBuffer:
+        """The calling thread's buffer, created on first use. Cache ``.append``."""
+        try:
+            return self._tls.buf
+        except AttributeError:
+            return self._attach()
+
+    def _attach(self) -> ThreadBuffer:
+        thread = threading.current_thread()
+        with self._lock:
+            buf = ThreadBuffer(self, threading.get_native_id(), thread)
+            self._buffers.append(buf)
+        token = _ThreadToken(buf)
+        weakref.finalize(token, _mark_finished, weakref.ref(buf))
+        self._tls.token = token
+        self._tls.buf = buf
+        return buf
+
+    def append(self, event: Event) -> None:
+        """Append to the calling thread's buffer (convenient; tracers cache ``local().append``)."""
+        self.local().append(event)
+
+    # -- configuration ----------------------------------------------------------------------
+
+    @property
+    def size_kb(self) -> int:
+        return self._size_kb
+
+    @property
+    def capacity(self) -> int:
+        """Most events one thread's buffer holds for readers."""
+        return self._capacity
+
+    @property
+    def page_events(self) -> int:
+        return self._page_events
+
+    @property
+    def overwrite(self) -> bool:
+        return self._overwrite
+
+    @overwrite.setter
+    def overwrite(self, value: bool) -> None:
+        with self._reconfiguring() as buffers:
+            value = bool(value)
+            if not value and self._overwrite:
+                for buf in buffers:
+                    # what the ring had already overwritten stays lost
+                    buf._floor = max(buf._floor, buf._window_floor(self._capacity))
+                    buf._cut_to(None)
+            self._overwrite = value
+
+    @property
+    def tracing_on(self) -> bool:
+        return self._on
+
+    @tracing_on.setter
+    def tracing_on(self, value: bool) -> None:
+        """The ``tracing_on`` gate: while off, appends are not made (nor counted)."""
+        with self._reconfiguring():
+            self._on = bool(value)
+
+    def resize(self, size_kb: int) -> None:
+        """Change every thread's budget. Shrinking keeps the newest events; the older
+        ones that no longer fit are counted as lost."""
+        capacity, page_events = buffer_geometry(size_kb)
+        with self._reconfiguring() as buffers:
+            for buf in buffers:
+                # keep the newest that fit; and what the ring already overwrote stays lost
+                # when it grows (it may still be in memory, it is not in the ring)
+                keep = min(capacity, self._capacity)
+                buf._floor = max(buf._floor, buf._window_floor(keep))
+            self._capacity, self._page_events, self._size_kb = capacity, page_events, size_kb
+            for buf in buffers:
+                buf._cut_to(capacity)
+
+    @contextmanager
+    def _reconfiguring(self) -> Iterator[list[ThreadBuffer]]:
+        """Hold every buffer's lock while the configuration changes, then poke the writers.
+
+        Writers read the configuration only under their own buffer's lock, so none
+        of them sees it half changed.
+        """
+        with self._lock, ExitStack() as stack:
+            for buf in self._buffers:
+                stack.enter_context(buf._lock)
+            yield self._buffers
+            for buf in self._buffers:
+                buf._poke()
+
+    def clear(self) -> None:
+        """Empty every buffer and reset the counters (``echo > trace``); forget ended threads."""
+        with self._lock:
+            for buf in self._buffers:
+                buf._clear()
+            self._buffers = [b for b in self._buffers if not b.finished]
+
+    # -- accounting -------------------------------------------------------------------------
+
+    def buffers(self) -> list[ThreadBuffer]:
+        """Every thread's buffer, in order of creation (ended threads included until clear)."""
+        with self._lock:
+            return list(self._buffers)
+
+    def stats(self) -> list[ThreadStats]:
+        return [buf.stats() for buf in self.buffers()]
+
+    def totals(self) -> BufferStats:
+        per_thread = self.stats()
+        return BufferStats(*(sum(getattr(s, f) for s in per_thread) for f in BufferStats._fields))
+
+    def header(self) -> str:
+        """The tracefs header line: ``# entries-in-buffer/entries-written: N/M   #P:threads``."""
+        total = self.totals()
+        return (
+            f"# entries-in-buffer/entries-written: {total.entries}/{total.written}"
+            f"   #P:{len(self.buffers())}"
+        )
+
+    def threads(self) -> dict[int, str]:
+        """The thread table: tid -> current (or last) name."""
+        return {buf.tid: buf.name for buf in self.buffers()}
+
+    # -- readers ------------------------------------------------------------------------------
+
+    def iter_trace(self) -> Iterator[Event]:
+        """The ``trace`` file: every event held, all threads merged by timestamp.
+
+        Each thread's buffer is copied when the iteration starts; nothing is consumed.
+        """
+        per_thread = [buf.events() for buf in self.buffers()]
+        return heapq.merge(*per_thread, key=itemgetter(1))
+
+    def snapshot(self) -> list[Event]:
+        """:meth:`iter_trace` as a list."""
+        return list(self.iter_trace())
+
+    def pipe(self, timeout: float | None = None) -> TracePipe:
+        """The ``trace_pipe`` file: a consuming, blocking reader. See :class:`TracePipe`."""
+        return TracePipe(self, timeout)
+
+    def _consume_all(self) -> list[Event | Lost]:
+        with self._pipe_lock:
+            batches = [buf._consume() for buf in self.buffers()]
+        keyed = [_keyed_by_time(batch) for batch in batches if batch]
+        if len(keyed) == 1:
+            return [item for _, item in keyed[0]]
+        return [item for _, item in heapq.merge(*keyed, key=itemgetter(0))]
+
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    def _wait(self, seconds: float) -> None:
+        with self._cond:
+            self._waiting += 1
+            try:
+                self._cond.wait(seconds)
+            finally:
+                self._waiting -= 1
+
+
+def _keyed_by_time(items: list[Event | Lost]) -> list[tuple[int, Event | Lost]]:
+    """Pair items with a merge key: an event's timestamp; a Lost takes the next event's."""
+    keyed: list[tuple[int, Event | Lost]] = []
+    pending: list[Lost] = []
+    for item in items:
+        if isinstance(item, Lost):
+            pending.append(item)
+            continue
+        ts = item[1]
+        if pending:
+            keyed += [(ts, lost) for lost in pending]
+            pending = []
+        keyed.append((ts, item))
+    if pending:
+        last = keyed[-1][0] if keyed else 0
+        keyed += [(last, lost) for lost in pending]
+    return keyed
+
+
+class TracePipe:
+    """A consuming reader over every thread's buffer (``trace_pipe``).
+
+    Iterating yields events (timestamp order within each batch it collects; see
+    the module docstring) and :class:`Lost` items where a thread's events were
+    dropped. Each read blocks until something arrives; with a ``timeout``,
+    iteration ends once that many seconds pass with nothing new. :meth:`close`
+    (from any thread) ends it too. Pipes on one TraceBuffer share its read
+    position, as trace_pipe readers do.
+    """
+
+    def __init__(self, buffer: TraceBuffer, timeout: float | None = None) -> None:
+        self._buffer = buffer
+        self._timeout = timeout
+        self._closed = False
+        self._pending: deque[Event | Lost] = deque()
+
+    def read(self, timeout: float | None = None) -> list[Event | Lost]:
+        """Consume what is there, waiting up to ``timeout`` seconds (None: forever) for
+        something to arrive. Returns [] on timeout or when the pipe is closed."""
+        buffer = self._buffer
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._closed:
+            items = buffer._consume_all()
+            if items:
+                return items
+            wait = PIPE_POLL_SECONDS
+            if deadline is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                wait = min(wait, remaining)
+            buffer._wait(wait)
+        return []
+
+    def __iter__(self) -> Iterator[Event | Lost]:
+        return self
+
+    def __next__(self) -> Event | Lost:
+        if not self._pending:
+            self._pending.extend(self.read(self._timeout))
+            if not self._pending:
+                raise StopIteration
+        return self._pending.popleft()
+
+    def close(self) -> None:
+        self._closed = True
+        self._buffer._wake()
+
+    def __enter__(self) -> TracePipe:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,942 @@
+"""The binary trace file: :class:`TraceWriter` writes it, :class:`TraceReader` streams it back.
+
+The format is specified byte by byte in docs/trace-format.md; this module is
+its reference implementation. In short: a 20-byte header, then self-delimiting
+chunks, each ``tag, length, payload, CRC-32``. Event batches are stored column
+by column per event format, every integer column in the narrowest fixed width
+that holds it (timestamps as deltas), every string as an index into a string
+table that grows in ``STR`` chunks. Encoding is done with C-level bulk
+operations (``map``/``itemgetter`` to pull columns, :mod:`array` to pack them),
+which is what lets pure Python write a million events in well under a second.
+
+Damage is reported as :class:`TraceFileError`, naming the file and the byte
+offset of the first damaged chunk; everything before it is still read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import sys
+import warnings
+import zlib
+from array import array
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from itertools import accumulate, islice, repeat
+from operator import itemgetter, sub
+from typing import IO, Any
+
+from rethook.buffer.events import (
+    COMMON_COUNT,
+    FIELD_TYPES,
+    Event,
+    EventFormat,
+    Field,
+    FormatRegistry,
+    Lost,
+)
+
+#: First bytes of every trace file: a non-ASCII byte, the name, and line-ending bytes
+#: that a text-mode transfer would mangle (the PNG trick).
+MAGIC = b"\x89rethook\r\n\x1a\n"
+
+#: Version written: readers accept any minor version of their major version.
+VERSION_MAJOR = 1
+VERSION_MINOR = 0
+
+_HEADER = struct.Struct("<12sHHI")  # magic, major, minor, CRC-32 of the first 16 bytes
+_CHUNK_HEAD = struct.Struct("<4sI")  # tag, payload length
+_CRC = struct.Struct("<I")
+HEADER_SIZE = _HEADER.size
+CHUNK_OVERHEAD = _CHUNK_HEAD.size + _CRC.size
+
+#: Larger payloads are treated as damage rather than allocated.
+MAX_CHUNK_PAYLOAD = 1 << 30
+
+#: Most events one EVTS chunk may hold (a reader refuses more: constant columns make
+#: events nearly free in bytes, so the count alone must be bounded).
+MAX_BATCH_EVENTS = 1 << 24
+
+#: Events per EVTS chunk by default: big enough to amortise the per-chunk work, small
+#: enough that damage costs little and readers stream in modest steps.
+DEFAULT_BATCH_EVENTS = 65536
+
+TAG_META = b"META"
+TAG_FORMATS = b"FMT "
+TAG_STRINGS = b"STR "
+TAG_THREADS = b"THRD"
+TAG_EVENTS = b"EVTS"
+TAG_LOST = b"LOST"
+TAG_STATS = b"STAT"
+TAG_END = b"END "
+
+# integer column encodings
+_INT_PLAIN = 0
+_INT_DELTA = 1
+_INT_CONST = 2
+_INT_BIG = 3
+
+#: Columns are sampled at about this many points to guess their width before packing.
+_WIDTH_SAMPLES = 64
+
+_U16 = struct.Struct("<H")
+_U32 = struct.Struct("<I")
+_I64 = struct.Struct("<q")
+_TID_NAME = struct.Struct("<q")
+_LOST = struct.Struct("<qQ")
+_END = struct.Struct("<Q")
+_FORMAT_HEAD = struct.Struct("<I")
+
+_TYPE_CODES = {name: code for code, name in enumerate(FIELD_TYPES)}
+_BIG_ENDIAN_HOST = sys.byteorder == "big"
+
+
+def _tag_name(tag: bytes) -> str:
+    return repr(tag.decode("latin-1"))
+
+
+class TraceFileError(Exception):
+    """A trace file is damaged (truncated, corrupt) or not a trace file at all."""
+
+    def __init__(self, path: str, offset: int, reason: str) -> None:
+        super().__init__(f"{path}: {reason} (at byte offset {offset})")
+        self.path = path
+        self.offset = offset
+        self.reason = reason
+
+
+class TraceFileWarning(UserWarning):
+    """Damage met by a reader opened with ``strict=False``."""
+
+
+# -- integer widths -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Width:
+    code: int  # the byte in the file: size in bytes, | 0x80 when signed
+    typecode: str  # the array typecode with that size and signedness
+    lo: int
+    hi: int
+
+    @property
+    def size(self) -> int:
+        return self.code & 0x0F
+
+
+def _typecode(size: int, signed: bool) -> str:
+    for tc in "bhilq" if signed else "BHILQ":
+        if array(tc).itemsize == size:
+            return tc
+    raise RuntimeError(f"no array typecode of {size} bytes on this platform")
+
+
+_UNSIGNED = tuple(
+    _Width(size, _typecode(size, False), 0, (1 << (8 * size)) - 1) for size in (1, 2, 4, 8)
+)
+_SIGNED = tuple(
+    _Width(0x80 | size, _typecode(size, True), -(1 << (8 * size - 1)), (1 << (8 * size - 1)) - 1)
+    for size in (1, 2, 4, 8)
+)
+_WIDTH_BY_CODE = {w.code: w for w in _UNSIGNED + _SIGNED}
+_I64_MIN, _I64_MAX = _SIGNED[3].lo, _SIGNED[3].hi
+
+
+def _narrowest(lo: int, hi: int) -> _Width | None:
+    """The smallest width holding [lo, hi], or None beyond 64 bits."""
+    for width in _UNSIGNED if lo >= 0 else _SIGNED:
+        if width.lo <= lo and hi <= width.hi:
+            return width
+    return None
+
+
+def _sample_width(values: list, n: int) -> _Width | None:
+    """Guess a column's width from about _WIDTH_SAMPLES evenly spread values."""
+    step = n // _WIDTH_SAMPLES
+    sample = values[::step] if step > 1 else values
+    return _narrowest(min(sample), max(sample))
+
+
+def _pack(values: list, n: int, guess: _Width | None) -> tuple[_Width | None, array | None]:
+    """Pack ints in the narrowest width: start from the guess, let array() verify it."""
+    if guess is not None:
+        try:
+            return guess, array(guess.typecode, values)
+        except OverflowError:
+            pass  # the sample missed the extremes
+    width = _narrowest(min(values), max(values))
+    if width is None:
+        return None, None
+    return width, array(width.typecode, values)
+
+
+def _array_bytes(arr: array) -> bytes:
+    if _BIG_ENDIAN_HOST:
+        arr = array(arr.typecode, arr)
+        arr.byteswap()
+    return arr.tobytes()
+
+
+def _bigint(value: int) -> bytes:
+    if not isinstance(value, int):
+        raise TypeError(f"expected int, got {value!r}")
+    raw = value.to_bytes(value.bit_length() // 8 + 1, "little", signed=True)
+    return _U32.pack(len(raw)) + raw
+
+
+def _text(value: str) -> bytes:
+    raw = value.encode("utf-8", "surrogatepass")
+    return _U32.pack(len(raw)) + raw
+
+
+def _deltas_stay_i64(values: list, n: int, dwidth: _Width) -> bool:
+    """Whether every value fits i64, as the DELTA encoding promises readers."""
+    reach = (n - 1) * max(-dwidth.lo, dwidth.hi)
+    first = values[0]
+    if _I64_MIN <= first - reach and first + reach <= _I64_MAX:
+        return True  # no run of such steps can leave the range: no need to look
+    return _I64_MIN <= min(values) and max(values) <= _I64_MAX
+
+
+def _encode_ints(values: list, out: list[bytes], try_delta: bool) -> None:
+    """Append one integer column to ``out`` (see "Integer columns" in the format doc)."""
+    n = len(values)
+    first = values[0]
+    if values[-1] == first and values.count(first) == n:
+        out += (bytes((_INT_CONST,)), _bigint(first))
+        return
+    guess = _sample_width(values, n)
+    if try_delta and (guess is None or guess.size == 8) and _I64_MIN <= first <= _I64_MAX:
+        # wide values (timestamps): the differences between neighbours are usually narrow
+        deltas = list(map(sub, islice(values, 1, None), values))
+        dwidth, dpacked = _pack(deltas, n - 1, _sample_width(deltas, n - 1))
+        if dwidth is not None and dwidth.size < 8 and _deltas_stay_i64(values, n, dwidth):
+            out += (bytes((_INT_DELTA,)), _I64.pack(first), bytes((dwidth.code,)))
+            out.append(_array_bytes(dpacked))
+            return
+    width, packed = _pack(values, n, guess)
+    if width is None:
+        big = [_bigint(value) for value in values]
+        out.append(bytes((_INT_BIG,)))
+        out += big
+        return
+    out += (bytes((_INT_PLAIN, width.code)), _array_bytes(packed))
+
+
+# -- writer ---------------------------------------------------------------------------
+
+
+def _open_for(target: str | os.PathLike | IO[bytes], mode: str) -> tuple[IO[bytes], str, bool]:
+    """Return (file, name for messages, whether we opened it)."""
+    if isinstance(target, str | os.PathLike):
+        return open(target, mode), os.fspath(target), True
+    return target, str(getattr(target, "name", "<stream>")), False
+
+
+class TraceWriter:
+    """Writes a trace file.
+
+    ``meta`` is any JSON-serialisable mapping (tracer name, options, command
+    line, start time...). ``formats``, when given, is consulted for event
+    formats that events use but that were not added with :meth:`add_format` --
+    hand it the trace's live :class:`FormatRegistry` and formats registered while
+    tracing are written as they first appear. A file object passed in is
+    flushed but not closed by :meth:`close`.
+    """
+
+    def __init__(
+        self,
+        file: str | os.PathLike | IO[bytes],
+        meta: Mapping[str, Any] | None = None,
+        *,
+        formats: FormatRegistry | Iterable[EventFormat] | None = None,
+        batch_events: int = DEFAULT_BATCH_EVENTS,
+    ) -> None:
+        self._file, self.name, self._owns_file = _open_for(file, "wb")
+        self._registry = formats if isinstance(formats, FormatRegistry) else None
+        self._batch = min(max(1, int(batch_events)), MAX_BATCH_EVENTS)
+        self._formats: dict[int, EventFormat] = {}  # written, or pending in _new_formats
+        self._new_formats: list[EventFormat] = []
+        self._strings: dict[str, int] = {}
+        self._threads: dict[int, str] = {}
+        self._new_threads: dict[int, str] = {}
+        self._new_meta: dict[str, Any] = {}
+        self._events = 0
+        self._closed = False
+        try:
+            head = _HEADER.pack(MAGIC, VERSION_MAJOR, VERSION_MINOR, 0)[:16]
+            self._file.write(head + _CRC.pack(zlib.crc32(head)))
+            self._chunk(TAG_META, self._meta_payload(dict(meta or {})))
+            if formats is not None and self._registry is None:
+                for fmt in formats:
+                    self.add_format(fmt)
+        except BaseException:
+            if self._owns_file:
+                self._file.close()
+            raise
+
+    # -- definitions ------------------------------------------------------------------
+
+    def add_format(self, fmt: EventFormat) -> None:
+        """Define an event format (written before the first events that use it)."""
+        old = self._formats.get(fmt.id)
+        if old is not None:
+            if old != fmt:
+                raise ValueError(f"format id {fmt.id} is already defined as {old}")
+            return
+        self._formats[fmt.id] = fmt
+        self._new_formats.append(fmt)
+
+    def set_thread_name(self, tid: int, name: str) -> None:
+        """Name a thread; a later name for the same tid replaces the earlier one."""
+        if not _I64_MIN <= tid <= _I64_MAX:
+            raise ValueError(f"thread id {tid} does not fit 64 bits")
+        if not isinstance(name, str):
+            raise TypeError(f"thread name must be a str, got {name!r}")
+        if self._threads.get(tid) != name:
+            self._threads[tid] = name
+            self._new_threads[tid] = name
+
+    def set_meta(self, key: str, value: Any) -> None:
+        """Add or replace one META key (written with the next chunk)."""
+        self._new_meta[key] = value
+
+    # -- events ---------------------------------------------------------------------------
+
+    def write_events(self, events: Iterable[Event | Lost]) -> int:
+        """Write events (and :class:`Lost` markers) in order; returns how many events."""
+        self._check_open()
+        written = 0
+        if isinstance(events, list):
+            for start in range(0, len(events), self._batch):
+                written += self._write_batch(events[start : start + self._batch])
+            return written
+        it = iter(events)
+        while batch := list(islice(it, self._batch)):
+            written += self._write_batch(batch)
+        return written
+
+    def write_lost(self, tid: int, count: int) -> None:
+        """Record that ``count`` events of thread ``tid`` were lost at this point."""
+        self._check_open()
+        self._flush_definitions()
+        self._chunk(TAG_LOST, _LOST.pack(tid, count))
+
+    def _write_batch(self, batch: list) -> int:
+        try:
+            fids = list(map(itemgetter(0), batch))
+        except (TypeError, IndexError):
+            return self._write_mixed(batch)
+        distinct = set(fids)
+        if len(distinct) == 1:
+            groups = {fids[0]: batch}
+        else:
+            groups = {}
+            for event in batch:
+                try:
+                    groups[event[0]].append(event)
+                except KeyError:
+                    groups[event[0]] = [event]
+        formats = [self._format_for(fid) for fid in groups]
+        payload: list[bytes] = [_U32.pack(len(batch)), _U16.pack(len(groups))]
+        payload += [struct.pack("<II", fmt.id, len(groups[fmt.id])) for fmt in formats]
+        if len(groups) > 1:
+            _encode_ints(fids, payload, False)  # which format each event is, in order
+        new_strings: list[str] = []
+        try:
+            for fmt in formats:
+                self._encode_group(fmt, groups[fmt.id], payload, new_strings)
+        except BaseException:
+            for value in new_strings:  # never written: forget them, or later batches would
+                del self._strings[value]  # point at strings the file does not have
+            raise
+        self._flush_definitions()
+        if new_strings:
+            self._write_strings(new_strings)
+        self._chunk(TAG_EVENTS, b"".join(payload))
+        self._events += len(batch)
+        return len(batch)
+
+    def _write_mixed(self, batch: list) -> int:
+        """A batch with Lost markers (or junk): write the runs of events between them."""
+        written = 0
+        run: list = []
+        for item in batch:
+            if isinstance(item, Lost):
+                if run:
+                    written += self._write_batch(run)
+                    run = []
+                self.write_lost(item.tid, item.count)
+            elif isinstance(item, tuple) and len(item) >= COMMON_COUNT:
+                run.append(item)
+            else:
+                raise TypeError(f"not an event tuple or Lost: {item!r}")
+        if run:
+            written += self._write_batch(run)
+        return written
+
+    def _format_for(self, fid: Any) -> EventFormat:
+        fmt = self._formats.get(fid)
+        if fmt is None:
+            fmt = self._registry.get(fid) if self._registry is not None else None
+            if fmt is None:
+                raise ValueError(f"event format id {fid!r} was not added to this trace writer")
+            self.add_format(fmt)
+        return fmt
+
+    def _encode_group(
+        self, fmt: EventFormat, group: list, out: list[bytes], new_strings: list[str]
+    ) -> None:
+        arity = fmt.arity
+        if sum(map(len, group)) != arity * len(group):
+            self._bad_length(fmt, group)
+        columns = ("common_ts", "common_tid", *fmt.field_names)
+        types = ("u64", "s64", *(f.type for f in fmt.fields))
+        for index, (name, ftype) in enumerate(zip(columns, types, strict=True), start=1):
+            values = list(map(itemgetter(index), group))
+            try:
+                if ftype == "str":
+                    self._encode_strings(values, out, new_strings)
+                elif ftype == "f64":
+                    out.append(_array_bytes(array("d", values)))
+                elif ftype == "bool":
+                    try:
+                        _encode_ints(values, out, False)
+                    except TypeError:
+                        _encode_ints(list(map(bool, values)), out, False)
+                else:
+                    _encode_ints(values, out, True)
+            except IndexError:  # a short event (the length sum matched by chance)
+                self._bad_length(fmt, group)
+            except (TypeError, OverflowError) as exc:
+                raise TypeError(f"format {fmt.name}, field {name} ({ftype}): {exc}") from None
+
+    @staticmethod
+    def _bad_length(fmt: EventFormat, group: list) -> None:
+        bad = next(ev for ev in group if len(ev) != fmt.arity)
+        raise ValueError(f"event {bad!r} does not have the {fmt.arity} items of format {fmt.name}")
+
+    def _encode_strings(self, values: list, out: list[bytes], new_strings: list[str]) -> None:
+        ids = self._strings
+        try:
+            indices = list(map(ids.__getitem__, values))
+        except KeyError:
+            for value in dict.fromkeys(values):  # first-seen order keeps files reproducible
+                if value not in ids:
+                    if not isinstance(value, str):
+                        raise TypeError(f"expected str, got {value!r}") from None
+                    value = str(value)  # a str subclass is stored as plain str
+                    ids[value] = len(ids)
+                    new_strings.append(value)
+            indices = list(map(ids.__getitem__, values))
+        _encode_ints(indices, out, False)
+
+    # -- other chunks -----------------------------------------------------------------------
+
+    def write_stats(self, stats: Mapping[int, Mapping[str, int]] | Iterable[Any]) -> None:
+        """Record per-thread counters: ``{tid: {"written": n, "lost": n, ...}}``, or
+        :class:`~rethook.buffer.ring.ThreadStats` items (counts of equal tids add up)."""
+        self._check_open()
+        table: dict[int, dict[str, Any]] = {}
+        if isinstance(stats, Mapping):
+            table = {int(tid): dict(counts) for tid, counts in stats.items()}
+        else:
+            for item in stats:
+                counts = item._asdict()
+                tid = counts.pop("tid")
+                counts.pop("finished", None)
+                name = counts.pop("name", None)
+                if name is not None:
+                    self.set_thread_name(tid, name)
+                into = table.setdefault(tid, {})
+                for key, value in counts.items():
+                    into[key] = into.get(key, 0) + value
+        self._flush_definitions()
+        body = {str(tid): counts for tid, counts in table.items()}
+        self._chunk(TAG_STATS, json.dumps(body, sort_keys=True).encode())
+
+    def _flush_definitions(self) -> None:
+        if self._new_meta:
+            meta, self._new_meta = self._new_meta, {}
+            self._chunk(TAG_META, self._meta_payload(meta))
+        if self._new_formats:
+            formats, self._new_formats = self._new_formats, []
+            parts = [_U32.pack(len(formats))]
+            for fmt in formats:
+                parts += (_FORMAT_HEAD.pack(fmt.id), _text(fmt.name), _U16.pack(len(fmt.fields)))
+                for field in fmt.fields:
+                    parts += (_text(field.name), bytes((_TYPE_CODES[field.type],)))
+            self._chunk(TAG_FORMATS, b"".join(parts))
+        if self._new_threads:
+            threads, self._new_threads = self._new_threads, {}
+            parts = [_U32.pack(len(threads))]
+            for tid, name in threads.items():
+                parts += (_TID_NAME.pack(tid), _text(name))
+            self._chunk(TAG_THREADS, b"".join(parts))
+
+    def _write_strings(self, strings: list[str]) -> None:
+        raw = [s.encode("utf-8", "surrogatepass") for s in strings]
+        lengths = array(_UNSIGNED[2].typecode, map(len, raw))
+        first = len(self._strings) - len(strings)
+        head = _U32.pack(first) + _U32.pack(len(strings))
+        self._chunk(TAG_STRINGS, head + _array_bytes(lengths) + b"".join(raw))
+
+    @staticmethod
+    def _meta_payload(meta: Mapping[str, Any]) -> bytes:
+        return json.dumps(meta, default=str, ensure_ascii=False).encode("utf-8", "surrogatepass")
+
+    def _chunk(self, tag: bytes, payload: bytes) -> None:
+        if len(payload) > MAX_CHUNK_PAYLOAD:
+            raise ValueError(f"chunk of {len(payload)} bytes: lower batch_events")
+        head = _CHUNK_HEAD.pack(tag, len(payload))
+        crc = zlib.crc32(payload, zlib.crc32(head))
+        write = self._file.write
+        write(head)
+        write(payload)
+        write(_CRC.pack(crc))
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError(f"{self.name}: trace writer is closed")
+
+    # -- lifetime -----------------------------------------------------------------------------
+
+    @property
+    def events_written(self) -> int:
+        return self._events
+
+    def flush(self) -> None:
+        """Write pending definitions and flush the file."""
+        self._check_open()
+        self._flush_definitions()
+        self._file.flush()
+
+    def close(self) -> None:
+        """Write the END chunk and close (only a file this writer opened). Idempotent."""
+        if self._closed:
+            return
+        try:
+            self._flush_definitions()
+            self._chunk(TAG_END, _END.pack(self._events))
+            self._file.flush()
+        finally:
+            self._closed = True
+            if self._owns_file:
+                self._file.close()
+
+    def __enter__(self) -> TraceWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def write_trace(
+    file: str | os.PathLike | IO[bytes],
+    buffer: Any,
+    formats: FormatRegistry | Iterable[EventFormat],
+    meta: Mapping[str, Any] | None = None,
+) -> int:
+    """Save what a :class:`~rethook.buffer.ring.TraceBuffer` holds (the ``trace`` view),
+    its thread table and its per-thread counters. Returns the number of events."""
+    with TraceWriter(file, meta, formats=formats) as writer:
+        for tid, name in buffer.threads().items():
+            writer.set_thread_name(tid, name)
+        count = writer.write_events(buffer.iter_trace())
+        writer.write_stats(buffer.stats())
+    return count
+
+
+# -- reader ---------------------------------------------------------------------------
+
+
+class _Damage(Exception):
+    """Internal: damage inside a chunk whose CRC was fine (offset added by the caller)."""
+
+
+class _State:
+    """What one pass over the file has learned so far."""
+
+    def __init__(self) -> None:
+        self.meta: dict[str, Any] = {}
+        self.formats = FormatRegistry()
+        self.strings: list[str] = []
+        self.threads: dict[int, str] = {}
+        self.stats: dict[int, dict[str, Any]] = {}
+        self.events = 0
+        self.complete = False
+
+
+class TraceReader:
+    """Reads a trace file back, streaming.
+
+    ``events()`` decodes one chunk at a time, so a file of any size is read in
+    bounded memory. ``meta`` holds the META keys seen so far (all of those
+    written before the first events once the reader is open); ``formats``,
+    ``threads`` and ``stats`` are complete: reading one of them before a full
+    ``events()`` pass has finished makes a quick pass that skips event decoding.
+
+    Damage (truncation, corruption) raises :class:`TraceFileError` once every
+    complete chunk before it has been delivered; with ``strict=False`` a
+    :class:`TraceFileWarning` is issued instead and reading stops there. The
+    error of the last pass is kept in ``damage``.
+    """
+
+    def __init__(self, source: str | os.PathLike | IO[bytes], *, strict: bool = True) -> None:
+        self._file, self.path, self._owns_file = _open_for(source, "rb")
+        self.strict = strict
+        self.damage: TraceFileError | None = None
+        self._file.seek(0, os.SEEK_END)
+        self._size = self._file.tell()
+        self._file.seek(0)
+        head = self._file.read(HEADER_SIZE)
+        if len(head) < HEADER_SIZE and MAGIC.startswith(head[: len(MAGIC)]):
+            self._fail_open(f"truncated file header ({len(head)} of {HEADER_SIZE} bytes)")
+        if head[: len(MAGIC)] != MAGIC:
+            self._fail_open("not a rethook trace file (bad magic)")
+        magic, major, minor, crc = _HEADER.unpack(head)
+        if zlib.crc32(head[:16]) != crc:
+            self._fail_open("corrupt file header (CRC mismatch)")
+        if major != VERSION_MAJOR:
+            self._fail_open(f"unsupported format version {major}.{minor}")
+        self.version = (major, minor)
+        self._done: _State | None = None
+        # read the definitions that precede the first events
+        self._leading = _State()
+        try:
+            for offset, tag, payload in self._chunks():
+                if tag in (TAG_EVENTS, TAG_LOST, TAG_STATS, TAG_END):
+                    break
+                self._apply(self._leading, offset, tag, payload)
+        except TraceFileError as exc:
+            self._report(exc)
+
+    def _fail_open(self, reason: str) -> None:
+        if self._owns_file:
+            self._file.close()
+        raise TraceFileError(self.path, 0, reason)
+
+    # -- public views ---------------------------------------------------------------------
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        return (self._done or self._leading).meta
+
+    @property
+    def formats(self) -> FormatRegistry:
+        return self._complete().formats
+
+    @property
+    def threads(self) -> dict[int, str]:
+        return self._complete().threads
+
+    @property
+    def stats(self) -> dict[int, dict[str, Any]]:
+        return self._complete().stats
+
+    def _complete(self) -> _State:
+        if self._done is None:
+            self.scan()
+        elif self.damage is not None and self.strict:
+            raise self.damage
+        assert self._done is not None
+        return self._done
+
+    def scan(self) -> None:
+        """Walk the whole file, checking every chunk, without decoding events."""
+        for _ in self._pass(decode=False, lost=False):
+            pass
+
+    def events(self, lost: bool = False) -> Iterator[Event | Lost]:
+        """Every event in file order; with ``lost=True`` also the recorded Lost markers."""
+        return self._pass(decode=True, lost=lost)
+
+    def __iter__(self) -> Iterator[Event | Lost]:
+        return self.events()
+
+    # -- passes ---------------------------------------------------------------------------
+
+    def _pass(self, decode: bool, lost: bool) -> Iterator[Event | Lost]:
+        state = _State()
+        try:
+            for offset, tag, payload in self._chunks():
+                if tag == TAG_EVENTS:
+                    if decode:
+                        yield from self._decode_events(state, offset, payload)
+                    else:
+                        state.events += _U32.unpack_from(payload)[0] if len(payload) >= 4 else 0
+                elif tag == TAG_LOST:
+                    item = self._decode_lost(offset, payload)
+                    if lost:
+                        yield item
+                else:
+                    self._apply(state, offset, tag, payload)
+        except TraceFileError as exc:
+            self.damage = exc
+            self._done = state
+            self._report(exc)
+            return
+        self.damage = None
+        self._done = state
+
+    def _report(self, exc: TraceFileError) -> None:
+        if self.strict:
+            raise exc
+        warnings.warn(str(exc), TraceFileWarning, stacklevel=3)
+
+    def _error(self, offset: int, reason: str) -> TraceFileError:
+        return TraceFileError(self.path, offset, reason)
+
+    def _bad_chunk(self, offset: int, tag: bytes, exc: Exception) -> TraceFileError:
+        return self._error(offset, f"bad {_tag_name(tag)} chunk: {exc}")
+
+    def _chunks(self) -> Iterator[tuple[int, bytes, memoryview]]:
+        """Yield ``(offset, tag, payload)`` of each intact chunk, up to END."""
+        f = self._file
+        offset = HEADER_SIZE
+        size = self._size
+        while True:
+            if offset == size:
+                raise self._error(offset, "file ends without an END chunk")
+            f.seek(offset)  # passes may interleave on the one file object
+            head = f.read(_CHUNK_HEAD.size)
+            if len(head) < _CHUNK_HEAD.size:
+                raise self._error(offset, "truncated chunk header")
+            tag, length = _CHUNK_HEAD.unpack(head)
+            end = offset + _CHUNK_HEAD.size + length + _CRC.size
+            if length > MAX_CHUNK_PAYLOAD or end > size:
+                raise self._error(
+                    offset,
+                    f"truncated or corrupt chunk {_tag_name(tag)}"
+                    f" (needs {end - offset} bytes, the file has {size - offset} left)",
+                )
+            body = f.read(length + _CRC.size)
+            if len(body) < length + _CRC.size:
+                raise self._error(offset, f"truncated chunk {_tag_name(tag)}")
+            payload = memoryview(body)[:length]
+            if zlib.crc32(payload, zlib.crc32(head)) != _CRC.unpack_from(body, length)[0]:
+                raise self._error(offset, f"corrupt chunk {_tag_name(tag)} (CRC mismatch)")
+            yield offset, tag, payload
+            if tag == TAG_END:
+                if end != size:
+                    raise self._error(end, "data after the END chunk")
+                return
+            offset = end
+
+    def _apply(self, state: _State, offset: int, tag: bytes, payload: memoryview) -> None:
+        """Take in a definition chunk (anything but events and Lost markers)."""
+        try:
+            if tag == TAG_META:
+                meta = json.loads(bytes(payload).decode("utf-8", "surrogatepass"))
+                state.meta.update(dict(meta))
+            elif tag == TAG_FORMATS:
+                for fmt in _decode_formats(payload):
+                    state.formats.add(fmt)
+            elif tag == TAG_STRINGS:
+                first, strings = _decode_strings(payload)
+                if first != len(state.strings):
+                    raise _Damage(f"string table resumes at {first}, expected {len(state.strings)}")
+                state.strings += strings
+            elif tag == TAG_THREADS:
+                state.threads.update(_decode_threads(payload))
+            elif tag == TAG_STATS:
+                raw = json.loads(bytes(payload).decode("utf-8"))
+                state.stats.update({int(tid): dict(counts) for tid, counts in raw.items()})
+            elif tag == TAG_END:
+                (total,) = _END.unpack(payload)
+                if total != state.events:
+                    raise _Damage(f"END chunk counts {total} events, the file holds {state.events}")
+                state.complete = True
+            # other tags: chunks added by later minor versions, skipped
+        except (_Damage, ValueError, TypeError, AttributeError, struct.error, IndexError) as exc:
+            raise self._bad_chunk(offset, tag, exc) from None
+
+    def _decode_lost(self, offset: int, payload: memoryview) -> Lost:
+        try:
+            tid, count = _LOST.unpack(payload)
+        except struct.error as exc:
+            raise self._bad_chunk(offset, TAG_LOST, exc) from None
+        return Lost(tid, count)
+
+    def _decode_events(self, state: _State, offset: int, payload: memoryview) -> Iterator[Event]:
+        try:
+            events = _decode_batch(state, payload)
+        except (_Damage, ValueError, struct.error, IndexError, KeyError) as exc:
+            raise self._bad_chunk(offset, TAG_EVENTS, exc) from None
+        state.events += len(events)
+        return iter(events)
+
+    # -- lifetime -----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        if self._owns_file:
+            self._file.close()
+
+    def __enter__(self) -> TraceReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# -- chunk decoders ---------------------------------------------------------------------
+
+
+class _Cursor:
+    """Reads primitives from a payload, raising _Damage when it runs out."""
+
+    __slots__ = ("data", "pos")
+
+    def __init__(self, data: memoryview) -> None:
+        self.data = data
+        self.pos = 0
+
+    def take(self, n: int) -> memoryview:
+        start = self.pos
+        end = start + n
+        if n < 0 or end > len(self.data):
+            raise _Damage(f"payload ends {end - len(self.data)} bytes early")
+        self.pos = end
+        return self.data[start:end]
+
+    def unpack(self, st: struct.Struct) -> tuple:
+        return st.unpack(self.take(st.size))
+
+    def byte(self) -> int:
+        return self.take(1)[0]
+
+    def text(self) -> str:
+        (n,) = self.unpack(_U32)
+        return bytes(self.take(n)).decode("utf-8", "surrogatepass")
+
+    def bigint(self) -> int:
+        (n,) = self.unpack(_U32)
+        if n == 0:
+            raise _Damage("empty big integer")
+        return int.from_bytes(self.take(n), "little", signed=True)
+
+    def array(self, width: _Width, count: int) -> list[int]:
+        arr = array(width.typecode)
+        arr.frombytes(self.take(width.size * count))
+        if _BIG_ENDIAN_HOST:
+            arr.byteswap()
+        return arr.tolist()
+
+    def floats(self, count: int) -> list[float]:
+        arr = array("d")
+        arr.frombytes(self.take(arr.itemsize * count))
+        if _BIG_ENDIAN_HOST:
+            arr.byteswap()
+        return arr.tolist()
+
+    def ints(self, count: int) -> list[int]:
+        kind = self.byte()
+        if kind == _INT_PLAIN:
+            return self.array(self.width(), count)
+        if kind == _INT_DELTA:
+            (first,) = self.unpack(_I64)
+            deltas = self.array(self.width(), count - 1)
+            return list(accumulate(deltas, initial=first))
+        if kind == _INT_CONST:
+            return [self.bigint()] * count
+        if kind == _INT_BIG:
+            return [self.bigint() for _ in range(count)]
+        raise _Damage(f"unknown integer column encoding {kind}")
+
+    def width(self) -> _Width:
+        code = self.byte()
+        try:
+            return _WIDTH_BY_CODE[code]
+        except KeyError:
+            raise _Damage(f"unknown integer width code {code:#x}") from None
+
+    def end(self) -> None:
+        if self.pos != len(self.data):
+            raise _Damage(f"{len(self.data) - self.pos} unexpected bytes at the end")
+
+
+def _decode_formats(payload: memoryview) -> list[EventFormat]:
+    cur = _Cursor(payload)
+    (count,) = cur.unpack(_U32)
+    formats = []
+    for _ in range(count):
+        (fid,) = cur.unpack(_FORMAT_HEAD)
+        name = cur.text()
+        (nfields,) = cur.unpack(_U16)
+        fields = []
+        for _ in range(nfields):
+            fname = cur.text()
+            code = cur.byte()
+            if code >= len(FIELD_TYPES):
+                raise _Damage(f"unknown field type code {code}")
+            fields.append(Field(fname, FIELD_TYPES[code]))
+        formats.append(EventFormat(fid, name, tuple(fields)))
+    cur.end()
+    return formats
+
+
+def _decode_strings(payload: memoryview) -> tuple[int, list[str]]:
+    cur = _Cursor(payload)
+    first, count = cur.unpack(_U32)[0], cur.unpack(_U32)[0]
+    lengths = cur.array(_UNSIGNED[2], count)
+    blob = bytes(cur.take(sum(lengths)))
+    cur.end()
+    strings = []
+    pos = 0
+    for n in lengths:
+        strings.append(blob[pos : pos + n].decode("utf-8", "surrogatepass"))
+        pos += n
+    return first, strings
+
+
+def _decode_threads(payload: memoryview) -> dict[int, str]:
+    cur = _Cursor(payload)
+    (count,) = cur.unpack(_U32)
+    threads = {}
+    for _ in range(count):
+        (tid,) = cur.unpack(_TID_NAME)
+        threads[tid] = cur.text()
+    cur.end()
+    return threads
+
+
+def _decode_batch(state: _State, payload: memoryview) -> list[Event]:
+    cur = _Cursor(payload)
+    (n,) = cur.unpack(_U32)
+    (k,) = cur.unpack(_U16)
+    if k == 0 or n == 0 or n > MAX_BATCH_EVENTS:
+        raise _Damage(f"batch of {n} events in {k} formats")
+    table = [struct.unpack("<II", cur.take(8)) for _ in range(k)]
+    if sum(count for _, count in table) != n:
+        raise _Damage("format counts do not add up to the batch size")
+    order = cur.ints(n) if k > 1 else None
+    strings = state.strings
+    rows = {}
+    for fid, count in table:
+        fmt = state.formats.get(fid)
+        if fmt is None:
+            raise _Damage(f"events of undefined format {fid}")
+        columns = [cur.ints(count), cur.ints(count)]
+        for field in fmt.fields:
+            if field.type == "str":
+                columns.append(list(map(strings.__getitem__, cur.ints(count))))
+            elif field.type == "f64":
+                columns.append(cur.floats(count))
+            elif field.type == "bool":
+                columns.append(list(map(bool, cur.ints(count))))
+            else:
+                columns.append(cur.ints(count))
+        rows[fid] = zip(repeat(fid, count), *columns, strict=True)
+    cur.end()
+    if order is None:
+        return list(rows[table[0][0]])
+    if len(rows) != k:
+        raise _Damage("a format appears twice in the batch table")
+    # an order that asks one format for too many events ends the map early (StopIteration);
+    # one that names a format the batch lacks raises KeyError
+    events = list(map(next, map(rows.__getitem__, order)))
+    if len(events) != n:
+        raise _Damage("format order column does not match the format counts")
+    return events
