@@ -3,9 +3,9 @@
 import sys
 
 import pytest
-from recorder import Recorder
 
 from programs import calls
+from recorder import Recorder
 from rethook.engine import toolid
 from rethook.engine.core import FLAG_UNFINISHED
 from rethook.engine.engine import FGRAPH_ARRAY_SIZE, EngineError, FgraphOps, FtraceOps

@@ -6,9 +6,9 @@ import sys
 import threading
 
 import pytest
-from recorder import Recorder
 
 from programs import gens
+from recorder import Recorder
 from rethook.engine.core import FLAG_CLOSED, FLAG_UNFINISHED
 from rethook.engine.engine import FgraphOps
 

@@ -2,8 +2,8 @@
 
 from rethook.probes.kprobes import (
     Fprobe,
-    KretprobeInstance,
     Kretprobe,
+    KretprobeInstance,
     ProbeError,
     register_fprobe,
     register_kretprobe,
