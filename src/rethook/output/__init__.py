@@ -1,0 +1,1 @@
+"""Output formats: ftrace's text views, and exports (Perfetto, folded stacks)."""

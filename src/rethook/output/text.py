@@ -1,0 +1,321 @@
+"""ftrace's text views of a trace: the ``function`` and ``function_graph`` formats.
+
+The same renderers serve the live ``trace`` and ``trace_pipe`` files, ``rethook report`` (from
+a trace file) and ``rethook stream``. They take events already merged by timestamp, one at a
+time, and keep only what a streaming reader can: per thread, the entry that may still turn out
+to be a leaf (``func();``) and the stack of entries printed so far (to print ``}`` or, when the
+entry was not seen, ``} /* func */``).
+
+Where the kernel prints a CPU number, rethook prints the thread's index in order of first
+appearance, and where it prints a task's comm-pid, the thread's name and native id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from rethook.buffer.events import COMMON_COUNT, FormatRegistry, Lost
+from rethook.output.durations import graph_duration, mark
+from rethook.tracers.formats import EXIT_RAISED
+
+FLAG_UNFINISHED = 1
+FLAG_CLOSED = 2
+INDENT = 2  # TRACE_GRAPH_INDENT
+PROCINFO_LENGTH = 14  # TRACE_GRAPH_PROCINFO_LENGTH
+COMM_LEN = 16  # TASK_COMM_LEN
+
+
+class Threads:
+    """Thread ids to the short index shown in the CPU column, and to names."""
+
+    def __init__(self, names: dict[int, str] | None = None) -> None:
+        self.names = dict(names or {})
+        self.index: dict[int, int] = {}
+
+    def of(self, tid: int) -> int:
+        i = self.index.get(tid)
+        if i is None:
+            i = self.index[tid] = len(self.index)
+        return i
+
+    def name(self, tid: int) -> str:
+        return self.names.get(tid, "<...>")
+
+
+def seconds(ts_ns: int) -> str:
+    """``%5llu.%06lu``: seconds and microseconds, as in the kernel's timestamps."""
+    secs, rem = divmod(max(0, ts_ns), 1_000_000_000)
+    return f"{secs:5d}.{rem // 1000:06d}"
+
+
+def context(threads: Threads, tid: int, ts_ns: int) -> str:
+    """The ``comm-pid [cpu] timestamp:`` prefix of an event line (trace_print_context)."""
+    comm = threads.name(tid)[:COMM_LEN]
+    return f"{comm:>16}-{tid:<7d} [{threads.of(tid):03d}] {seconds(ts_ns)}: "
+
+
+def function_header(tracer: str, entries: int, written: int, nthreads: int) -> str:
+    return (f"# tracer: {tracer}\n#\n"
+            f"# entries-in-buffer/entries-written: {entries}/{written}   #P:{nthreads}\n#\n"
+            "#           TASK-PID     CPU#     TIMESTAMP  FUNCTION\n"
+            "#              | |         |         |         |\n")
+
+
+def graph_header(opts: dict[str, bool], tracer: str = "function_graph") -> str:
+    """The function_graph header for the columns the options turn on."""
+    line1, line2 = "#", "#"
+    if opts.get("funcgraph-abstime"):
+        line1 += "     TIME       "
+        line2 += "      |         "
+    if opts.get("funcgraph-cpu", True):
+        line1 += " CPU"
+        line2 += " |  "
+    if opts.get("funcgraph-proc"):
+        line1 += "  TASK/PID       "
+        line2 += "   |    |      "
+    if opts.get("funcgraph-duration", True):
+        line1 += "  DURATION   "
+        line2 += "   |   |      "
+    line1 += "               FUNCTION CALLS\n"
+    line2 += "               |   |   |   |\n"
+    return f"# tracer: {tracer}\n#\n{line1}{line2}"
+
+
+def _proc(threads: Threads, tid: int) -> str:
+    text = f"{threads.name(tid)[:7]}-{tid}"
+    spaces = max(0, PROCINFO_LENGTH - len(text))
+    return " " * (spaces // 2) + text + " " * (spaces - spaces // 2)
+
+
+class GraphRenderer:
+    """Streams function_graph lines (and other events as ``/* comments */``)."""
+
+    def __init__(self, formats: FormatRegistry, threads: Threads, opts: dict[str, bool],
+                 t0: int = 0, describe: Callable[[Any, tuple], str] | None = None) -> None:
+        self.formats = formats
+        self.threads = threads
+        self.opts = opts
+        self.t0 = t0
+        self.describe = describe  # text of non-graph events (probe events, stack traces)
+        self.pending: dict[int, tuple] = {}  # tid -> entry that may be a leaf
+        self.open: dict[int, list[tuple[int, str]]] = {}  # tid -> printed (depth, func)
+        self.depth: dict[int, int] = {}  # tid -> depth of the last graph event (comments)
+        ids = {f.name: f.id for f in formats}
+        self.ENTRY = ids.get("funcgraph_entry")
+        self.EXIT = ids.get("funcgraph_exit")
+        self.SUSPEND = ids.get("funcgraph_suspend")
+        self.RESUME = ids.get("funcgraph_resume")
+        self.cpu_width = 1
+
+    def header(self) -> str:
+        return graph_header(self.opts)
+
+    def feed(self, ev: Any) -> Iterator[str]:
+        if isinstance(ev, Lost):
+            yield from self._flush_thread(ev.tid)
+            yield f"CPU:{self.threads.of(ev.tid)} [LOST {ev.count} EVENTS]"
+            return
+        fid, tid = ev[0], ev[2]
+        pending = self.pending.pop(tid, None)
+        if pending is not None:
+            if (fid == self.EXIT and ev[3] == pending[3] and ev[4] == pending[4]):
+                yield self._leaf(pending, ev)
+                return
+            yield self._nested(pending)
+        if fid == self.ENTRY:
+            self.pending[tid] = ev
+        elif fid == self.EXIT:
+            yield self._exit(ev)
+        elif fid == self.SUSPEND:
+            yield self._suspend(ev)
+        elif fid == self.RESUME:
+            yield self._resume(ev)
+        else:
+            yield self._comment(ev)
+
+    def flush(self) -> Iterator[str]:
+        for tid in list(self.pending):
+            yield from self._flush_thread(tid)
+
+    def _flush_thread(self, tid: int) -> Iterator[str]:
+        pending = self.pending.pop(tid, None)
+        if pending is not None:
+            yield self._nested(pending)
+
+    # --- line pieces ------------------------------------------------------------------------
+    def _prologue(self, ts: int, tid: int) -> str:
+        out = ""
+        if self.opts.get("funcgraph-abstime"):
+            out += f"{seconds(ts - self.t0)} |  "
+        if self.opts.get("funcgraph-cpu", True):
+            idx = self.threads.of(tid)
+            self.cpu_width = max(self.cpu_width, len(str(idx)))
+            out += f" {idx:>{self.cpu_width}d}) "
+        if self.opts.get("funcgraph-proc"):
+            out += _proc(self.threads, tid) + " | "
+        return out
+
+    def _duration(self, duration: int | None) -> str:
+        if not self.opts.get("funcgraph-duration", True):
+            return ""
+        if duration is None:
+            return "              |  "
+        sign = f"{mark(duration)} " if self.opts.get("funcgraph-overhead", True) else "  "
+        return f"{sign}{graph_duration(duration)}|  "
+
+    def _nested(self, ev: tuple) -> str:
+        _, ts, tid, depth, func, args = ev
+        self.open.setdefault(tid, []).append((depth, func))
+        self.depth[tid] = depth + 1
+        return (f"{self._prologue(ts, tid)}{self._duration(None)}{' ' * (depth * INDENT)}"
+                f"{func}({args}) {{")
+
+    def _leaf(self, entry: tuple, ev: tuple) -> str:
+        _, ts, tid, depth, func, args = entry
+        calltime, overrun, flags, retval = ev[5], ev[6], ev[8], ev[9]
+        self.depth[tid] = depth
+        line = (f"{self._prologue(ts, tid)}{self._duration(ev[1] - calltime)}"
+                f"{' ' * (depth * INDENT)}{func}({args});{self._result(flags, retval, None)}")
+        return line + self._overrun(overrun)
+
+    def _exit(self, ev: tuple) -> str:
+        _, ts, tid, depth, func, calltime, overrun, _sleep, flags, retval = ev
+        stack = self.open.get(tid)
+        matched = False
+        if stack:
+            # The entry was printed if it is on this thread's stack at this depth; entries of
+            # calls that never returned visibly (lost events) are dropped down to it.
+            while stack and stack[-1][0] > depth:
+                stack.pop()
+            if stack and stack[-1] == (depth, func):
+                stack.pop()
+                matched = True
+        self.depth[tid] = depth
+        tail = self.opts.get("funcgraph-tail") or not matched
+        close = self._result(flags, retval, func if tail else "")
+        if not close:
+            close = " /* " + func + " */" if tail else ""
+        return (f"{self._prologue(ts, tid)}{self._duration(ts - calltime)}"
+                f"{' ' * (depth * INDENT)}}}{close}{self._overrun(overrun)}")
+
+    def _result(self, flags: int, retval: str, func: str | None) -> str:
+        """``/* = value */`` (leaf) or ``/* func = value */`` (close), or '' if nothing."""
+        if flags & FLAG_UNFINISHED:
+            what = "unfinished"
+        elif flags & FLAG_CLOSED:
+            what = "closed"
+        elif flags & EXIT_RAISED and retval:
+            what = f"raised {retval}"
+        elif flags & EXIT_RAISED:
+            what = "raised"
+        elif retval:
+            what = f"= {retval}"
+        else:
+            return ""
+        if func is None:  # a leaf: func(); /* ... */
+            return f" /* {what} */"
+        return f" /* {func} {what} */" if func else f" /* {what} */"
+
+    def _overrun(self, overrun: int) -> str:
+        return f" (Overruns: {overrun})" if self.opts.get("funcgraph-overrun") else ""
+
+    def _suspend(self, ev: tuple) -> str:
+        _, ts, tid, depth, func = ev
+        stack = self.open.get(tid)
+        if stack and stack[-1] == (depth, func):
+            stack.pop()
+        self.depth[tid] = depth
+        return (f"{self._prologue(ts, tid)}{self._duration(None)}{' ' * (depth * INDENT)}"
+                f"}} /* {func} suspended */")
+
+    def _resume(self, ev: tuple) -> str:
+        _, ts, tid, depth, func = ev
+        self.open.setdefault(tid, []).append((depth, func))
+        self.depth[tid] = depth + 1
+        return (f"{self._prologue(ts, tid)}{self._duration(None)}{' ' * (depth * INDENT)}"
+                f"{func}() {{ /* resumed */")
+
+    def _comment(self, ev: tuple) -> str:
+        tid = ev[2]
+        text = self.describe(self.formats.get(ev[0]), ev) if self.describe else str(ev)
+        text = text.replace("\n", " ")
+        depth = self.depth.get(tid, 0)
+        return (f"{self._prologue(ev[1], tid)}{self._duration(None)}{' ' * (depth * INDENT)}"
+                f"/* {text} */")
+
+
+def describe_event(fmt: Any, ev: tuple) -> str:
+    """Default text of an event without a renderer of its own: ``name: field=value ...``."""
+    if fmt is None:
+        return f"unknown event {ev[0]}"
+    if fmt.name == "kernel_stack":
+        return "<stack trace>\n" + "\n".join(f" => {f}" for f in ev[3].split("\n"))
+    if fmt.name == "print":
+        return ev[3]
+    values = fmt.values(ev)
+    return f"{fmt.name}: " + " ".join(f"{k}={v}" for k, v in values.items())
+
+
+class FunctionRenderer:
+    """Streams ``function`` tracer lines: ``comm-pid [cpu] ts: func <-parent``."""
+
+    def __init__(self, formats: FormatRegistry, threads: Threads, opts: dict[str, bool],
+                 t0: int = 0, describe: Callable[[Any, tuple], str] | None = None) -> None:
+        self.formats = formats
+        self.threads = threads
+        self.opts = opts
+        self.t0 = t0
+        self.describe = describe or describe_event
+        ids = {f.name: f.id for f in formats}
+        self.FUNC = ids.get("function")
+        self.stats = (0, 0)
+
+    def header(self, tracer: str = "function") -> str:
+        entries, written = self.stats
+        return function_header(tracer, entries, written, max(1, len(self.threads.names)))
+
+    def feed(self, ev: Any) -> Iterator[str]:
+        if isinstance(ev, Lost):
+            yield f"CPU:{self.threads.of(ev.tid)} [LOST {ev.count} EVENTS]"
+            return
+        fid, ts, tid = ev[0], ev[1], ev[2]
+        prefix = context(self.threads, tid, ts - self.t0)
+        if fid == self.FUNC:
+            func, parent, line = ev[COMMON_COUNT:]
+            if not self.opts.get("print-parent", True) or not parent:
+                yield prefix + func
+            elif self.opts.get("sym-offset"):
+                yield f"{prefix}{func} <-{parent}+{line}"
+            else:
+                yield f"{prefix}{func} <-{parent}"
+        else:
+            yield prefix + self.describe(self.formats.get(fid), ev)
+
+    def flush(self) -> Iterator[str]:
+        return iter(())
+
+
+def renderer_for(tracer: str, formats: FormatRegistry, threads: Threads,
+                 opts: dict[str, bool], t0: int = 0) -> GraphRenderer | FunctionRenderer:
+    if tracer == "function_graph":
+        return GraphRenderer(formats, threads, opts, t0, describe_event)
+    return FunctionRenderer(formats, threads, opts, t0)
+
+
+def render(tracer: str, events: Iterable[Any], formats: FormatRegistry,
+           thread_names: dict[int, str], opts: dict[str, bool], t0: int = 0,
+           stats: tuple[int, int] = (0, 0), header: bool = True) -> Iterator[str]:
+    """Every line of a trace's text view, header first (no trailing newlines)."""
+    threads = Threads(thread_names)
+    r = renderer_for(tracer, formats, threads, opts, t0)
+    if isinstance(r, FunctionRenderer):
+        r.stats = stats
+        head = r.header(tracer)
+    else:
+        head = r.header()
+    if header:
+        yield from head.rstrip("\n").split("\n")
+    for ev in events:
+        yield from r.feed(ev)
+    yield from r.flush()

@@ -1,0 +1,180 @@
+"""The ``function_graph`` tracer: an entry and an exit event per call, on the shared return hook.
+
+One graph user (FgraphOps) hooks the functions of ``set_ftrace_filter``/``set_ftrace_notrace``.
+Per thread it keeps its own depth (only the calls it records count, as in the kernel, where a
+declined entry leaves no trace on the shadow stack) and two nesting counters for
+``set_graph_function`` (record only inside these) and ``set_graph_notrace`` (record neither
+these nor what they call). ``max_graph_depth`` declines deeper calls; ``tracing_thresh``
+records only exits slower than it, and then no entries (so they print as ``} /* func */``,
+like the kernel). Generators and coroutines get suspend/resume events: the await points.
+"""
+
+from __future__ import annotations
+
+import threading
+from types import CodeType, FrameType
+from typing import Any
+
+from rethook.engine.core import FLAG_UNFINISHED
+from rethook.engine.engine import FgraphOps
+from rethook.tracers.base import TraceContext, Tracer, bounded_repr, format_args
+from rethook.tracers.formats import (
+    EXIT_RAISED,
+    FUNCGRAPH_ENTRY,
+    FUNCGRAPH_EXIT,
+    FUNCGRAPH_RESUME,
+    FUNCGRAPH_SUSPEND,
+)
+
+# What the entry data's kind says the exit has to do.
+_RECORD = 0  # a traced call: record its exit
+_NOTRACE = 1  # a set_graph_notrace function: only leave its nesting
+_ROOT = 2  # a traced call that is also a set_graph_function root
+
+
+class _ThreadState:
+    """The tracer's view of one thread."""
+
+    __slots__ = ("depth", "graph", "notrace", "append", "tid")
+
+    def __init__(self, buffer: Any) -> None:
+        buf = buffer.local()
+        self.append = buf.append
+        self.tid = buf.tid
+        self.depth = 0  # calls this tracer is recording, open on this thread
+        self.graph = 0  # open set_graph_function roots
+        self.notrace = 0  # open set_graph_notrace functions
+
+
+class GraphOps(FgraphOps):
+    """The engine user behind the tracer; all per-call work is here."""
+
+    def __init__(self, ctx: TraceContext) -> None:
+        super().__init__(name="function_graph")
+        self.filter = ctx.ftrace_filter  # hooked: set_ftrace_filter minus set_ftrace_notrace
+        self.ctx = ctx
+        opts = ctx.options
+        self.roots = ctx.graph_function.select_by_id() if not ctx.graph_function.is_empty else None
+        self.skip = ctx.graph_notrace.select_by_id() if not ctx.graph_notrace.is_empty else None
+        self.max_depth = ctx.max_graph_depth
+        self.thresh = ctx.tracing_thresh_ns
+        self.sleep_time = opts["sleep-time"]
+        self.retval = opts["funcgraph-retval"]
+        self.args = opts["funcgraph-args"]
+        self.overrun = opts["funcgraph-overrun"]
+        self.wants_frame = self.args
+        self.name_of = ctx.registry.name
+        self._local = threading.local()
+
+    def _state(self) -> _ThreadState:
+        try:
+            return self._local.st
+        except AttributeError:
+            self._local.st = st = _ThreadState(self.ctx.buffer)
+            return st
+
+    def entryfunc(self, code: CodeType, frame: FrameType | None, depth: int, t: int) -> Any:
+        try:
+            st = self._local.st
+        except AttributeError:
+            st = self._state()
+        if st.notrace:
+            return None
+        kind = _RECORD
+        if self.skip is not None and id(code) in self.skip:
+            st.notrace += 1
+            return [st, 0, _NOTRACE]
+        if self.roots is not None and not st.graph:
+            if id(code) not in self.roots:
+                return None
+            kind = _ROOT
+        d = st.depth
+        if self.max_depth and d >= self.max_depth:
+            return None
+        if kind == _ROOT:
+            st.graph += 1
+        st.depth = d + 1
+        if not self.thresh:
+            st.append((2, t, st.tid, d, self.name_of(code),
+                       format_args(code, frame) if self.args else ""))
+        return [st, d, kind]
+
+    def retfunc(self, code: CodeType, frame: FrameType | None, depth: int, data: Any,
+                retval: Any, exc: BaseException | None, t0: int, t1: int, sleep: int,
+                flags: int) -> None:
+        st, d, kind = data
+        if kind == _NOTRACE:
+            st.notrace -= 1
+            return
+        st.depth = d
+        if kind == _ROOT:
+            st.graph -= 1
+        duration = t1 - t0 if self.sleep_time else t1 - t0 - sleep
+        if self.thresh and duration <= self.thresh:
+            return
+        if exc is not None:
+            flags |= EXIT_RAISED
+        text = ""
+        if self.retval and not flags & FLAG_UNFINISHED:
+            text = bounded_repr(exc if exc is not None else retval)
+        overrun = self._overruns() if self.overrun else 0
+        # A return delivered from another thread (teardown) goes into this thread's buffer,
+        # stamped with the thread the call ran in.
+        here = self._state()
+        here.append((3, t1, st.tid, d, self.name_of(code), t1 - duration, overrun, sleep, flags,
+                     text))
+
+    def suspendfunc(self, code: CodeType, frame: FrameType | None, depth: int, data: Any,
+                    t: int) -> None:
+        st, d, kind = data
+        if kind == _NOTRACE:
+            st.notrace -= 1
+            return
+        st.depth = d
+        if kind == _ROOT:
+            st.graph -= 1
+        if not self.thresh:
+            st.append((4, t, st.tid, d, self.name_of(code)))
+
+    def resumefunc(self, code: CodeType, frame: FrameType | None, depth: int, data: Any,
+                   t: int) -> None:
+        st = self._state()  # possibly another thread than the one it suspended in
+        kind = data[2]
+        data[0] = st
+        if kind == _NOTRACE:
+            st.notrace += 1
+            return
+        if kind == _ROOT:
+            st.graph += 1
+        d = data[1] = st.depth
+        st.depth = d + 1
+        if not self.thresh:
+            st.append((5, t, st.tid, d, self.name_of(code)))
+
+    def _overruns(self) -> int:
+        ts = self.ctx.engine.core.current_thread_state()
+        return ts.overrun if ts is not None else 0
+
+
+class FunctionGraphTracer(Tracer):
+    """``function_graph``: calls as a nested graph with durations."""
+
+    name = "function_graph"
+    uses_options = ("sleep-time", "funcgraph-overrun", "funcgraph-cpu", "funcgraph-overhead",
+                    "funcgraph-proc", "funcgraph-duration", "funcgraph-abstime",
+                    "funcgraph-tail", "funcgraph-retval", "funcgraph-args")
+    formats = (FUNCGRAPH_ENTRY, FUNCGRAPH_EXIT, FUNCGRAPH_SUSPEND, FUNCGRAPH_RESUME)
+
+    def __init__(self) -> None:
+        self.ops: GraphOps | None = None
+        self.ctx: TraceContext | None = None
+
+    def start(self, ctx: TraceContext) -> None:
+        self.ctx = ctx
+        self.ops = GraphOps(ctx)
+        ctx.engine.register_ftrace_graph(self.ops)
+
+    def stop(self) -> None:
+        if self.ops is not None:
+            self.ctx.engine.unregister_ftrace_graph(self.ops)
+            self.ops = None
