@@ -134,7 +134,7 @@ def test_fprobe_exit_only_if_entry_handler_returned_zero(engine):
 
 def test_fprobe_disable_enable(engine):
     exits = []
-    fp = Fprobe("leaf", exit_handler=lambda fp, code, frame, retval, *rest: exits.append(retval))
+    fp = Fprobe("programs.calls.leaf", exit_handler=lambda fp, code, frame, retval, *rest: exits.append(retval))
     fp.register()
     try:
         calls.leaf(1)
@@ -167,10 +167,10 @@ def test_fprobe_exit_handler_never_called_after_unregister(engine):
 def test_probes_share_one_hook_with_other_users(engine):
     from recorder import Recorder
 
-    rec = Recorder("leaf")
+    rec = Recorder("programs.calls.leaf")
     seen = []
-    rp = Kretprobe("leaf", handler=lambda ri, v: seen.append(v))
-    fp = Fprobe("leaf", exit_handler=lambda fp, code, frame, retval, *r: seen.append(-retval))
+    rp = Kretprobe("programs.calls.leaf", handler=lambda ri, v: seen.append(v))
+    fp = Fprobe("programs.calls.leaf", exit_handler=lambda fp, code, frame, retval, *r: seen.append(-retval))
     engine.register_ftrace_graph(rec)
     rp.register()
     fp.register()

@@ -200,6 +200,18 @@ def _new_thread_state() -> ThreadState:
     return ts
 
 
+_internal_errors = [0]
+
+
+def internal_error(exc: BaseException) -> None:
+    """An exception in the core itself: counted, reported once, never raised into the program."""
+    _internal_errors[0] += 1
+    if _internal_errors[0] == 1:
+        print("rethook: internal error in the hook core (reported once, counted after):",
+              file=sys.stderr)
+        traceback.print_exception(exc, file=sys.stderr)
+
+
 def handler_failed(reg: Any, exc: BaseException) -> None:
     """Count a handler's exception and report it once per registration, with its traceback."""
     reg.errors += 1
@@ -368,6 +380,8 @@ def _on_start(code: CodeType, offset: int) -> None:
                 stack.append(marker)
         else:
             _overran(ts, code, marker)
+    except Exception as e:  # a bug of rethook's: never the program's problem
+        internal_error(e)
     finally:
         ts.busy = False
 
@@ -442,6 +456,8 @@ def _on_return(code: CodeType, offset: int, retval: Any) -> None:
                 raise
             finally:
                 inflight.pop()
+    except Exception as e:  # a bug of rethook's: never the program's problem
+        internal_error(e)
     finally:
         ts.busy = False
 
@@ -475,7 +491,10 @@ def _on_unwind(code: CodeType, offset: int, exc: BaseException) -> None:
             rec = _exit_by_frame(ts, _getframe(1))
             if rec is None:
                 return
-        deliver(rec, len(stack), None, exc, _now() if rec[REC_TIME] else 0, 0)
+        if len(rec) > REC_HEADER:  # not a marker
+            deliver(rec, len(stack), None, exc, _now() if rec[REC_TIME] else 0, 0)
+    except Exception as e:
+        internal_error(e)
     finally:
         ts.busy = False
 
@@ -504,6 +523,8 @@ def _on_yield(code: CodeType, offset: int, value: Any) -> None:
         _notify(rec, len(stack), t, False)
         if len(_parked) > _park_limit and _overflow is not None:
             _overflow()
+    except Exception as e:  # a bug of rethook's: never the program's problem
+        internal_error(e)
     finally:
         ts.busy = False
 
@@ -531,6 +552,8 @@ def _on_resume(code: CodeType, offset: int, *exc: Any) -> None:
         stack = ts.stack
         _notify(rec, len(stack), t, True)
         stack.append(rec)
+    except Exception as e:  # a bug of rethook's: never the program's problem
+        internal_error(e)
     finally:
         ts.busy = False
 
@@ -557,6 +580,8 @@ def flush_thread(ts: ThreadState) -> None:
         while stack:
             rec = stack.pop()
             deliver(rec, len(stack), None, None, t, FLAG_UNFINISHED)
+    except Exception as e:  # a bug of rethook's: never the program's problem
+        internal_error(e)
     finally:
         ts.busy = False
 
@@ -624,6 +649,10 @@ class PyCore:
     @staticmethod
     def sweep_lock() -> threading.RLock:
         return sweep_lock
+
+    @staticmethod
+    def internal_errors() -> int:
+        return _internal_errors[0]
 
     @staticmethod
     def dead_counts() -> tuple[int, int]:

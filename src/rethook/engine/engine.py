@@ -619,6 +619,7 @@ class Engine:
             "recursion": sum(ts.recursion for ts in states) + self.core.dead_counts()[0],
             "handler_errors": sum(r.errors for r in self._graph.values())
             + sum(r.errors for r in self._entry.values()),
+            "internal_errors": self.core.internal_errors(),
             "unfinished_returns": self._unfinished_deliveries,
             "closed_returns": self._closed_deliveries,
         }

@@ -193,7 +193,7 @@ class GraphRenderer:
                 matched = True
         self.depth[tid] = depth
         tail = self.opts.get("funcgraph-tail") or not matched
-        close = self._result(flags, retval, func if tail else "")
+        close = self._result(flags, retval, func)  # with a result, the kernel names the func
         if not close:
             close = " /* " + func + " */" if tail else ""
         return (f"{self._prologue(ts, tid)}{self._duration(ts - calltime)}"
@@ -215,7 +215,7 @@ class GraphRenderer:
             return ""
         if func is None:  # a leaf: func(); /* ... */
             return f" /* {what} */"
-        return f" /* {func} {what} */" if func else f" /* {what} */"
+        return f" /* {func} {what} */"
 
     def _overrun(self, overrun: int) -> str:
         return f" (Overruns: {overrun})" if self.opts.get("funcgraph-overrun") else ""

@@ -95,13 +95,13 @@ class Kretprobe(_ProbeOps):
                  maxactive: int = 0, *, engine: Engine | None = None) -> None:
         if maxactive < 0:
             raise ProbeError(f"kretprobe {symbol!r}: maxactive must be >= 0, got {maxactive}")
+        self.symbol = symbol
         super().__init__(symbol, (), f"kretprobe:{symbol}", engine)
-        matched = self.filter.select()
+        matched = self.filter.select_by_id()
         if len(matched) > 1:
             raise ProbeError(
                 f"kretprobe {symbol!r} matches {len(matched)} functions; a kretprobe probes "
                 "one function (use an fprobe for many)")
-        self.symbol = symbol
         self.handler = handler
         self.entry_handler = entry_handler
         self.maxactive = maxactive  # 0: no limit (the shadow stack cannot run dry)

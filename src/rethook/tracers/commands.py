@@ -54,12 +54,12 @@ class CommandOps(FtraceOps):
                 self._note(f"traceoff by {ctx.name(code)}")
                 buf.tracing_on = False
         elif command == "stacktrace":
-            if self._use():
+            if buf.tracing_on and self._use():
                 local = buf.local()
                 local.append((STACKTRACE.id, ctx.now(), local.tid,
                               stack_text(frame, ctx.name)))
         elif command == "dump":
-            if self._use() and self.dump is not None:
+            if buf.tracing_on and self._use() and self.dump is not None:
                 sys.stderr.write(self.dump())
 
     def _note(self, msg: str) -> None:

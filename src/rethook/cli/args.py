@@ -1,0 +1,138 @@
+"""Command-line parsing shared by the commands that run a program.
+
+trace-cmd's rule is that everything from the program on belongs to the program:
+``rethook record -l main prog.py -x --y`` passes ``-x --y`` to ``prog.py``, and
+``rethook record -m pkg.tool -v`` passes ``-v`` to the module. Click would read those as its
+own options, so :class:`ProgramCommand` finds where the program starts before Click sees the
+arguments and hands the rest over behind a ``--``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from rethook.session import TraceSettings
+from rethook.tracers import TRACERS
+
+#: Options that name a module to run; what follows them is the module's arguments.
+MODULE_OPTS = ("-m", "--module")
+
+
+def split_program_args(args: list[str], takes_value: set[str],
+                       optional_value: set[str] = frozenset()) -> tuple[list[str], list[str]]:
+    """Split ``args`` into (rethook's own, the program's).
+
+    The program starts at the first positional argument (the script), after ``--``, or after
+    ``-m MODULE`` (which stays with rethook's own, so Click records the module name).
+    """
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            return args[:i], args[i + 1:]
+        if arg in MODULE_OPTS:
+            return args[:i + 2], args[i + 2:]
+        if arg.startswith("--module=") or (arg.startswith("-m") and not arg.startswith("--")):
+            return args[:i + 1], args[i + 1:]
+        if not arg.startswith("-") or arg == "-":
+            return args[:i], args[i:]
+        if arg in takes_value:
+            i += 2
+        elif arg in optional_value and i + 1 < len(args) and not args[i + 1].startswith("-"):
+            i += 2
+        else:
+            i += 1  # a flag, --name=value, or -xVALUE
+    return args, []
+
+
+class ProgramCommand(click.Command):
+    """A command whose trailing arguments are a program and its arguments, untouched."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        takes_value: set[str] = set()
+        optional_value: set[str] = set()
+        for param in self.get_params(ctx):
+            if not isinstance(param, click.Option) or param.is_flag or param.count:
+                continue
+            names = {*param.opts, *param.secondary_opts}
+            if getattr(param, "_flag_needs_value", False):
+                optional_value |= names
+            else:
+                takes_value |= names
+        own, program = split_program_args(list(args), takes_value, optional_value)
+        if program or "--" in args:
+            own = [*own, "--", *program]
+        return super().parse_args(ctx, own)
+
+
+def program_argument(f: Callable[..., Any]) -> Callable[..., Any]:
+    return click.argument("program", nargs=-1, type=click.UNPROCESSED,
+                          metavar="[--] SCRIPT [ARGS]... | -m MODULE [ARGS]...")(f)
+
+
+def module_option(f: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option("-m", "--module", "module", metavar="MODULE",
+                        help="Run library module MODULE as a script, like python -m; "
+                             "the arguments after it are the module's.")(f)
+
+
+def filter_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """-l, -n and -O: what every command that runs a program accepts."""
+    decorators = [
+        click.option("-l", "filters", multiple=True, metavar="FILTER",
+                     help="Trace only functions matching FILTER (set_ftrace_filter, appended; "
+                          "ftrace syntax: 'name', 'glob*', '*:mod:MODULE', '!glob'). "
+                          "Repeatable. Default: the program's own code (its __main__ and the "
+                          "modules it imports from its own directory or package)."),
+        click.option("-n", "notrace", multiple=True, metavar="FILTER",
+                     help="Do not trace functions matching FILTER (set_ftrace_notrace). "
+                          "Repeatable."),
+        click.option("-O", "options", multiple=True, metavar="OPTION",
+                     help="Set trace option OPTION, or clear it with noOPTION "
+                          "(e.g. -O funcgraph-retval, -O nofuncgraph-duration). Repeatable; "
+                          "see 'rethook list -o'."),
+    ]
+    for deco in reversed(decorators):
+        f = deco(f)
+    return f
+
+
+def graph_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """The tracer and its controls: record and stream."""
+    decorators = [
+        click.option("-p", "tracer", type=click.Choice(list(TRACERS)), default="function_graph",
+                     show_default=True, help="The tracer (current_tracer)."),
+        click.option("-g", "graph_functions", multiple=True, metavar="FILTER",
+                     help="function_graph: graph only calls under functions matching FILTER "
+                          "(set_graph_function). They must be traced too (see -l). Repeatable."),
+        click.option("--graph-notrace", "graph_notrace", multiple=True, metavar="FILTER",
+                     help="function_graph: leave out functions matching FILTER and everything "
+                          "they call (set_graph_notrace). Repeatable."),
+        click.option("--max-graph-depth", type=click.IntRange(min=0), metavar="N",
+                     help="function_graph: record calls only down to depth N (0: no limit)."),
+        click.option("--tracing-thresh", type=click.IntRange(min=0), metavar="USECS",
+                     help="function_graph: record only calls longer than USECS microseconds."),
+        click.option("-b", "buffer_kb", type=click.IntRange(min=1), metavar="KB",
+                     help="Ring buffer size per thread, in KiB (buffer_size_kb). Default 1408."),
+    ]
+    for deco in reversed(decorators):
+        f = deco(f)
+    return f
+
+
+def settings_from(params: dict[str, Any], tracer: str | None = None) -> TraceSettings:
+    """TraceSettings from a command's Click parameters."""
+    return TraceSettings(
+        tracer=tracer or params.get("tracer") or "function_graph",
+        filters=list(params.get("filters", ())),
+        notrace=list(params.get("notrace", ())),
+        graph_functions=list(params.get("graph_functions", ())),
+        graph_notrace=list(params.get("graph_notrace", ())),
+        options=list(params.get("options", ())),
+        max_graph_depth=params.get("max_graph_depth"),
+        tracing_thresh=params.get("tracing_thresh"),
+        buffer_kb=params.get("buffer_kb"),
+    )

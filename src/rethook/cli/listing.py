@@ -1,0 +1,131 @@
+"""``rethook list``: tracers, trace options, and the functions a program could trace.
+
+Functions are listed without running the program: the script is compiled (its functions are
+registered as ``__main__.*``) and the modules its top-level statements import are imported, so
+their functions are known too. With ``-m MODULE``, the module is imported (not run as
+``__main__``) and its functions listed.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import sys
+
+from rethook.engine.filters import FilterError, FunctionFilter
+from rethook.engine.registry import FunctionInfo, default_registry
+from rethook.session import Program
+from rethook.tracers import TRACERS
+from rethook.tracers.base import OPTION_DEFAULTS
+
+#: Who reads the options that no tracer lists in ``uses_options``.
+_OTHER_USERS = {
+    "graph-time": ("profile",),
+    "sleep-time": ("profile",),
+    "overwrite": ("ring buffer",),
+}
+
+
+class ListError(ValueError):
+    """A listing that cannot be made as asked (a glob that matches nothing)."""
+
+
+def tracer_lines() -> list[str]:
+    """One line per tracer: its name and the first line of its docstring."""
+    width = max(map(len, TRACERS))
+    lines = []
+    for name, cls in TRACERS.items():
+        doc = (cls.__doc__ or "").strip().splitlines()
+        summary = doc[0] if doc else ""
+        if summary.startswith(f"``{name}``:"):
+            summary = summary[len(name) + 5:].strip()
+        lines.append(f"{name:<{width}}  {summary}".rstrip())
+    return lines
+
+
+def option_lines() -> list[str]:
+    """A table of the trace options: name, default, what reads it."""
+    rows = []
+    for name in sorted(OPTION_DEFAULTS):
+        users = [t for t, cls in TRACERS.items() if name in cls.uses_options]
+        users += _OTHER_USERS.get(name, ())
+        rows.append((name, "on" if OPTION_DEFAULTS[name] else "off", ", ".join(users) or "-"))
+    width = max(len(r[0]) for r in rows)
+    lines = [f"{'OPTION':<{width}}  DEFAULT  USED BY"]
+    lines += [f"{n:<{width}}  {d:<7}  {u}" for n, d, u in rows]
+    return lines
+
+
+def function_names(module: str | None, program: tuple[str, ...], glob: str) -> list[str]:
+    """Names of the traceable functions of a program (or module) matching ``glob``."""
+    registry = default_registry()
+    if module is not None:
+        roots = _import_module(module)
+    else:
+        prog = Program(script=program[0], args=program[1:])
+        code = prog.load()
+        registry.add_code(code, "__main__")
+        roots = ["__main__", *_import_top_level(prog.path)]
+    try:
+        chosen = FunctionFilter([glob], registry=registry).select_infos()
+    except FilterError as e:
+        raise ListError(f"-f {glob!r}: {e}") from None
+    names = [info.name for info in chosen if _within(info, roots)]
+    if not names:
+        raise ListError(f"-f {glob!r}: no function of {', '.join(roots)} matches")
+    return names
+
+
+def _within(info: FunctionInfo, roots: list[str]) -> bool:
+    m = info.module
+    return any(m == r or m.startswith(r + ".") for r in roots)
+
+
+def _import_module(name: str) -> list[str]:
+    try:
+        importlib.import_module(name)
+    except ImportError as e:
+        raise ListError(f"-m {name!r}: {e}") from None
+    return [name]
+
+
+def _import_top_level(path: str) -> list[str]:
+    """Import what the script's top-level statements import; returns the module names.
+
+    Only statements at the top level (including inside ``if``/``try`` blocks there), since
+    those are what the program certainly imports; one that fails to import is skipped with a
+    note on stderr.
+    """
+    with open(path, "rb") as f:
+        tree = ast.parse(f.read(), path)
+    names: list[str] = []
+    todo = list(tree.body)
+    while todo:
+        node = todo.pop(0)
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.append(node.module)
+            names += [f"{node.module}.{alias.name}" for alias in node.names]
+        elif isinstance(node, (ast.If, ast.Try, ast.With)):
+            for body in ("body", "orelse", "finalbody", "handlers"):
+                for child in getattr(node, body, ()):
+                    todo.extend(child.body if isinstance(child, ast.ExceptHandler) else [child])
+    found = []
+    for name in dict.fromkeys(names):
+        if name in sys.modules:
+            found.append(name)
+            continue
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            if "." not in name or name.rsplit(".", 1)[0] not in sys.modules:
+                print(f"rethook: cannot import {name!r}: its functions are not listed",
+                      file=sys.stderr)
+            continue  # "from pkg import attr": attr is not a module, fine
+        except Exception as e:  # noqa: BLE001 - the module's own code failed on import
+            print(f"rethook: importing {name!r} failed ({type(e).__name__}: {e}): its "
+                  "functions are not listed", file=sys.stderr)
+            continue
+        found.append(name)
+    return found
