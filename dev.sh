@@ -84,7 +84,7 @@ case "$cmd" in
         for b in bench/bench_*.py; do "$venv/bin/python" "$b" "$@"; done ;;
     lint)
         setup
-        "$venv/bin/python" -m ruff check src tests bench examples ;;
+        "$venv/bin/python" -m ruff check src tests bench ;;
     *)
         sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'
         [ "$cmd" = help ] || exit 2 ;;

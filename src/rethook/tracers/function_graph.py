@@ -83,7 +83,7 @@ class GraphOps(FgraphOps):
         kind = _RECORD
         if self.skip is not None and id(code) in self.skip:
             st.notrace += 1
-            return [st, 0, _NOTRACE]
+            return [st, 0, _NOTRACE, ""]
         if self.roots is not None and not st.graph:
             if id(code) not in self.roots:
                 return None
@@ -94,15 +94,15 @@ class GraphOps(FgraphOps):
         if kind == _ROOT:
             st.graph += 1
         st.depth = d + 1
+        name = self.name_of(code)
         if not self.thresh:
-            st.append((2, t, st.tid, d, self.name_of(code),
-                       format_args(code, frame) if self.args else ""))
-        return [st, d, kind]
+            st.append((2, t, st.tid, d, name, format_args(code, frame) if self.args else ""))
+        return [st, d, kind, name]
 
     def retfunc(self, code: CodeType, frame: FrameType | None, depth: int, data: Any,
                 retval: Any, exc: BaseException | None, t0: int, t1: int, sleep: int,
                 flags: int) -> None:
-        st, d, kind = data
+        st, d, kind, name = data
         if kind == _NOTRACE:
             st.notrace -= 1
             return
@@ -118,15 +118,17 @@ class GraphOps(FgraphOps):
         if self.retval and not flags & FLAG_UNFINISHED:
             text = bounded_repr(exc if exc is not None else retval)
         overrun = self._overruns() if self.overrun else 0
-        # A return delivered from another thread (teardown) goes into this thread's buffer,
+        # A return delivered from another thread (teardown) goes into that thread's buffer,
         # stamped with the thread the call ran in.
-        here = self._state()
-        here.append((3, t1, st.tid, d, self.name_of(code), t1 - duration, overrun, sleep, flags,
-                     text))
+        try:
+            here = self._local.st
+        except AttributeError:
+            here = self._state()
+        here.append((3, t1, st.tid, d, name, t1 - duration, overrun, sleep, flags, text))
 
     def suspendfunc(self, code: CodeType, frame: FrameType | None, depth: int, data: Any,
                     t: int) -> None:
-        st, d, kind = data
+        st, d, kind, name = data
         if kind == _NOTRACE:
             st.notrace -= 1
             return
@@ -134,7 +136,7 @@ class GraphOps(FgraphOps):
         if kind == _ROOT:
             st.graph -= 1
         if not self.thresh:
-            st.append((4, t, st.tid, d, self.name_of(code)))
+            st.append((4, t, st.tid, d, name))
 
     def resumefunc(self, code: CodeType, frame: FrameType | None, depth: int, data: Any,
                    t: int) -> None:
@@ -149,7 +151,7 @@ class GraphOps(FgraphOps):
         d = data[1] = st.depth
         st.depth = d + 1
         if not self.thresh:
-            st.append((5, t, st.tid, d, self.name_of(code)))
+            st.append((5, t, st.tid, d, data[3]))
 
     def _overruns(self) -> int:
         ts = self.ctx.engine.core.current_thread_state()
