@@ -1,0 +1,115 @@
+"""Export a trace file as folded stacks, the input of flamegraph.pl, speedscope and inferno.
+
+One line per distinct stack, root first, frames joined by ``;``, then a space and a value::
+
+    programs.calls.outer;programs.calls.leaf 3
+
+``function_graph`` traces: the stacks are the nesting of calls on each thread (rebuilt by
+:func:`rethook.output.perfetto.slice_events`, so entry-less exits and suspended coroutines are
+handled the same way as in the Perfetto export), and the value is the stack's *self time* in
+microseconds: the time its innermost frame ran, minus its children, summed over every time
+that stack occurred, rounded to the nearest microsecond (halves up) and at least 1 when not
+zero. A suspended generator or coroutine counts only while it runs, under whatever resumed
+it. Calls still open when the trace ends are counted up to their thread's last event.
+
+``function`` traces record only a function and its caller, not the whole stack, so each line
+is ``caller;function COUNT`` (or ``function COUNT`` without a caller): how many calls the
+trace holds of that function from that caller.
+
+With ``per_thread=True`` every stack starts with the thread's name as its root frame. Lines
+are sorted, so the output of one trace is always the same.
+"""
+
+from __future__ import annotations
+
+from typing import TextIO
+
+from rethook.buffer.events import COMMON_COUNT
+from rethook.buffer.tracefile import TraceReader
+from rethook.output.perfetto import SLICE_BEGIN, SLICE_END, slice_events
+
+
+def _frame(name: str) -> str:
+    """A frame name that cannot break the line format."""
+    return name.replace(";", ":").replace("\n", " ").replace("\r", " ")
+
+
+def _micros(ns: int) -> int:
+    """Nanoseconds to microseconds, halves rounded up; at least 1 for any time at all."""
+    us = (ns + 500) // 1000
+    return us if us or ns <= 0 else 1
+
+
+def _is_graph(reader: TraceReader) -> bool:
+    tracer = reader.meta.get("tracer")
+    if tracer in ("function_graph", "function"):
+        return tracer == "function_graph"
+    names = {f.name for f in reader.formats}
+    return "funcgraph_exit" in names or "funcgraph_entry" in names
+
+
+def _graph_stacks(reader: TraceReader, per_thread: bool) -> dict[tuple[str, ...], int]:
+    """Self time in ns per stack."""
+    names = reader.threads
+    totals: dict[tuple[str, ...], int] = {}
+    # per thread: open frames as [stack key, begin, time in children]
+    open_: dict[int, list[list]] = {}
+    last: dict[int, int] = {}
+
+    def close(frames: list[list], ts: int) -> None:
+        key, begin, children = frames.pop()
+        spent = ts - begin
+        totals[key] = totals.get(key, 0) + spent - children
+        if frames:
+            frames[-1][2] += spent
+
+    for kind, ts, tid, name, _ in slice_events(reader):
+        last[tid] = ts
+        frames = open_.get(tid)
+        if frames is None:
+            frames = open_[tid] = []
+        if kind == SLICE_BEGIN:
+            if frames:
+                key = (*frames[-1][0], _frame(name))
+            elif per_thread:
+                key = (_frame(names.get(tid, f"tid-{tid}")), _frame(name))
+            else:
+                key = (_frame(name),)
+            frames.append([key, ts, 0])
+        elif kind == SLICE_END:
+            close(frames, ts)
+    for tid, frames in open_.items():
+        while frames:
+            close(frames, last[tid])
+    return totals
+
+
+def _function_stacks(reader: TraceReader, per_thread: bool) -> dict[tuple[str, ...], int]:
+    """Call counts per (caller, function)."""
+    fid = next((f.id for f in reader.formats if f.name == "function"), None)
+    names = reader.threads
+    counts: dict[tuple[str, ...], int] = {}
+    if fid is None:
+        return counts
+    for ev in reader.events():
+        if ev[0] != fid:
+            continue
+        func, parent = ev[COMMON_COUNT], ev[COMMON_COUNT + 1]
+        key = (_frame(parent), _frame(func)) if parent else (_frame(func),)
+        if per_thread:
+            key = (_frame(names.get(ev[2], f"tid-{ev[2]}")), *key)
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def write_folded(reader: TraceReader, out: TextIO, *, per_thread: bool = False) -> int:
+    """Write the folded stacks of the trace ``reader`` holds to ``out``; returns the number
+    of lines."""
+    if _is_graph(reader):
+        values = {key: _micros(ns) for key, ns in _graph_stacks(reader, per_thread).items()}
+    else:
+        values = _function_stacks(reader, per_thread)
+    lines = sorted(f"{';'.join(key)} {value}" for key, value in values.items() if value > 0)
+    for line in lines:
+        out.write(line + "\n")
+    return len(lines)
