@@ -53,6 +53,12 @@ MSG
 }
 
 setup() {
+    # One setup at a time per environment (parallel test runs would race on the venv).
+    if command -v flock >/dev/null 2>&1 && [ -z "${RETHOOK_SETUP_LOCKED:-}" ]; then
+        mkdir -p "$(dirname "$venv")"
+        RETHOOK_SETUP_LOCKED=1 flock "$venv.lock" "$0" setup
+        return
+    fi
     local stamp="$venv/.rethook-setup" want
     want="$(cksum pyproject.toml)"
     if [ -x "$venv/bin/python" ] && good_python "$venv/bin/python" >/dev/null \
