@@ -22,7 +22,10 @@ from collections.abc import Callable, Iterator
 
 from rethook.buffer.ring import TracePipe
 from rethook.engine.filters import FilterError, FunctionFilter
-from rethook.output.text import Threads, render, renderer_for
+from rethook.output.text import Threads, describer, render, renderer_for
+from rethook.probes.events import DynamicEvents, ProbeError, ProbeEvent, ProbeFormatter
+from rethook.probes.evfilter import FilterSyntaxError
+from rethook.probes.fetch import ProbeSyntaxError
 from rethook.tracers import TRACERS
 from rethook.tracers.base import OptionError, TraceContext, Tracer
 from rethook.tracers.commands import Commands
@@ -63,6 +66,7 @@ class Tracefs:
         self.tracer: Tracer = TRACERS["nop"]()
         self.commands = Commands(self.ctx, dump=lambda: self.read("trace"))
         self.profiler = FunctionProfiler()
+        self.dynamic = DynamicEvents(self.ctx)
         self._pipe: TracePipe | None = None
         self._pipe_renderer = None
         self._files: dict[str, tuple[Callable[[], str] | None,
@@ -88,6 +92,16 @@ class Tracefs:
             "trace": (self._read_trace, self._write_trace),
             "function_profile_enabled": (lambda: f"{int(self.profiler.enabled)}\n",
                                          self._write_profile),
+            "dynamic_events": (lambda: self.dynamic.read(),
+                               lambda t, a: self._write_events("dynamic_events", t, a, "pfr")),
+            "kprobe_events": (lambda: self.dynamic.read("pr"),
+                              lambda t, a: self._write_events("kprobe_events", t, a, "pr")),
+            "kprobe_profile": (lambda: self.dynamic.profile(), None),
+            "error_log": (lambda: self.dynamic.error_log.read(),
+                          lambda t, a: self.dynamic.error_log.clear()),
+            "events/enable": (lambda: self._read_enable(list(self.dynamic.events.values())),
+                              lambda t, a: self._write_enable("events/enable", t,
+                                                              list(self.dynamic.events.values()))),
         }
 
     # --- the file interface ---------------------------------------------------------------
@@ -95,6 +109,10 @@ class Tracefs:
         names = list(self._files) + ["trace_pipe"]
         names += [f"options/{name}" for name in self.ctx.options.names()]
         names += [f"trace_stat/function{i}" for i in range(len(self._profile_threads()))]
+        for group, events in self.dynamic.groups().items():
+            names.append(f"events/{group}/enable")
+            for e in events:
+                names += [f"events/{group}/{e.name}/{leaf}" for leaf in self.EVENT_FILES]
         return sorted(names)
 
     def read(self, path: str, timeout: float | None = 0.0) -> str:
@@ -106,6 +124,8 @@ class Tracefs:
             return f"{int(self._option(path))}\n"
         if path.startswith("trace_stat/function"):
             return self._read_stat(path)
+        if path.startswith("events/") and path != "events/enable":
+            return self._event_file(path, None)
         reader, _ = self._entry(path)
         if reader is None:
             raise TracefsError(path, "", "is write-only")
@@ -117,6 +137,9 @@ class Tracefs:
         if path.startswith("options/"):
             self._option(path)
             self._apply_option(path[len("options/"):], _bool(path, text))
+            return
+        if path.startswith("events/") and path != "events/enable":
+            self._event_file(path, text)
             return
         _, writer = self._entry(path)
         if writer is None:
@@ -145,7 +168,8 @@ class Tracefs:
         buf = self.ctx.buffer
         totals = buf.totals()
         lines = render(self.tracer.name, buf.iter_trace(), self.ctx.formats, buf.threads(),
-                       self.ctx.options.as_dict(), stats=(totals.entries, totals.written))
+                       self.ctx.options.as_dict(), stats=(totals.entries, totals.written),
+                       describe=self.describe())
         return "".join(line + "\n" for line in lines)
 
     def _write_trace(self, text: str, append: bool) -> None:
@@ -159,7 +183,8 @@ class Tracefs:
             self._pipe = self.ctx.buffer.pipe()
             self._pipe_renderer = renderer_for(self.tracer.name, self.ctx.formats,
                                                Threads(self.ctx.buffer.threads()),
-                                               self.ctx.options.as_dict())
+                                               self.ctx.options.as_dict(),
+                                               describe=self.describe())
         r = self._pipe_renderer
         r.threads.names.update(self.ctx.buffer.threads())
         for item in self._pipe.read(timeout):
@@ -255,6 +280,67 @@ class Tracefs:
                                                                           "sleep-time"):
             self._restart()
 
+    # --- probe events --------------------------------------------------------------------
+    EVENT_FILES = ("enable", "filter", "trigger", "format", "hist")
+
+    def describe(self):
+        """How this instance's events print (probe events in the kernel's shape)."""
+        return describer(ProbeFormatter(self.dynamic.definitions()).describe)
+
+    def _write_events(self, path: str, text: str, append: bool, only: str) -> None:
+        try:
+            self.dynamic.write(text, append=append, only=only)
+        except (ProbeSyntaxError, ProbeError) as e:
+            raise TracefsError(path, text, self._log_text(e)) from e
+
+    @staticmethod
+    def _log_text(e: Exception) -> str:
+        log = getattr(e, "log_entry", None)
+        return log().rstrip("\n") if callable(log) else str(e)
+
+    def _event_file(self, path: str, text: str | None) -> str:
+        parts = path.split("/")
+        if len(parts) == 3 and parts[2] == "enable":  # events/GRP/enable
+            events = self.dynamic.groups().get(parts[1])
+            if events is None:
+                raise TracefsError(path, text or "", "no such event group")
+            if text is None:
+                return self._read_enable(events)
+            self._write_enable(path, text, events)
+            return ""
+        if len(parts) != 4 or parts[3] not in self.EVENT_FILES:
+            raise TracefsError(path, text or "", "no such file (see listdir())")
+        event = self.dynamic.get(parts[1], parts[2])
+        if event is None:
+            raise TracefsError(path, text or "", f"no event {parts[1]}/{parts[2]}")
+        leaf = parts[3]
+        if text is None:
+            return {"enable": lambda: f"{int(event.enabled)}\n",
+                    "filter": event.read_filter, "trigger": event.read_trigger,
+                    "format": event.format_text, "hist": event.read_hist}[leaf]()
+        try:
+            if leaf == "enable":
+                self._write_enable(path, text, [event])
+            elif leaf == "filter":
+                event.write_filter(text)
+            elif leaf == "trigger":
+                event.write_trigger(text)
+            else:
+                raise TracefsError(path, text, "is read-only")
+        except FilterSyntaxError as e:
+            self.dynamic.error_log.add(str(e))
+            raise TracefsError(path, text, str(e)) from e
+        return ""
+
+    def _read_enable(self, events: list[ProbeEvent]) -> str:
+        states = {e.enabled for e in events}
+        return "X\n" if len(states) > 1 else f"{int(states.pop()) if states else 0}\n"
+
+    def _write_enable(self, path: str, text: str, events: list[ProbeEvent]) -> None:
+        on = _bool(path, text)
+        for e in events:
+            e.enable() if on else e.disable()
+
     # --- listings and the profiler --------------------------------------------------------
     def _read_functions(self) -> str:
         return "".join(f"{info.name}\n" for info in self.ctx.registry.functions()
@@ -296,3 +382,4 @@ class Tracefs:
         self.tracer = TRACERS["nop"]()
         self.commands.stop()
         self.profiler.stop()
+        self.dynamic.stop()

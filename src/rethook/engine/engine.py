@@ -342,7 +342,10 @@ class Engine:
             raise ValueError(f"max_depth must be at least 1, got {depth!r}")
         self.core.set_max_depth(self.max_depth)
 
-    def registration(self, ops: FgraphOps) -> _core.Registration | None:
+    def registration(self, ops: _Ops) -> Any:
+        """The engine's record of a registered user (its counters: ``nmissed``, ``errors``)."""
+        if isinstance(ops, FtraceOps):
+            return self._entry.get(ops)
         return self._graph.get(ops)
 
     @property

@@ -296,19 +296,40 @@ class FunctionRenderer:
         return iter(())
 
 
+Describe = Callable[[Any, tuple], "str | None"]
+
+
+def describer(*extra: Describe) -> Callable[[Any, tuple], str]:
+    """The text of an event: the first of ``extra`` that knows it (probe events), else
+    :func:`describe_event`."""
+
+    def describe(fmt: Any, ev: tuple) -> str:
+        for fn in extra:
+            text = fn(fmt, ev)
+            if text is not None:
+                return text
+        return describe_event(fmt, ev)
+
+    return describe
+
+
 def renderer_for(tracer: str, formats: FormatRegistry, threads: Threads,
-                 opts: dict[str, bool], t0: int = 0) -> GraphRenderer | FunctionRenderer:
+                 opts: dict[str, bool], t0: int = 0,
+                 describe: Callable[[Any, tuple], str] | None = None
+                 ) -> GraphRenderer | FunctionRenderer:
+    describe = describe or describe_event
     if tracer == "function_graph":
-        return GraphRenderer(formats, threads, opts, t0, describe_event)
-    return FunctionRenderer(formats, threads, opts, t0)
+        return GraphRenderer(formats, threads, opts, t0, describe)
+    return FunctionRenderer(formats, threads, opts, t0, describe)
 
 
 def render(tracer: str, events: Iterable[Any], formats: FormatRegistry,
            thread_names: dict[int, str], opts: dict[str, bool], t0: int = 0,
-           stats: tuple[int, int] = (0, 0), header: bool = True) -> Iterator[str]:
+           stats: tuple[int, int] = (0, 0), header: bool = True,
+           describe: Callable[[Any, tuple], str] | None = None) -> Iterator[str]:
     """Every line of a trace's text view, header first (no trailing newlines)."""
     threads = Threads(thread_names)
-    r = renderer_for(tracer, formats, threads, opts, t0)
+    r = renderer_for(tracer, formats, threads, opts, t0, describe)
     if isinstance(r, FunctionRenderer):
         r.stats = stats
         head = r.header(tracer)

@@ -1,0 +1,420 @@
+"""Dynamic probe events: ``p:``/``r:``/``f:`` definitions as live trace events.
+
+A :class:`ProbeEvent` is one definition made real: an event format in the trace (its fetch args
+as fields), an engine user that records it (an entry user for ``p:`` and entry ``f:`` events, a
+graph user for ``r:`` and ``f:...%return`` events, which capture their arguments at entry), an
+event filter, triggers (``traceon``/``traceoff``/``stacktrace``/``hist``) and ``nhit``/``nmissed``
+counters. A new event is disabled, as in the kernel: it costs nothing until enabled.
+
+:class:`DynamicEvents` is the set of events of one trace instance, written and read as the
+``dynamic_events`` file; rejected commands go to :class:`ErrorLog` (the ``error_log`` file) and
+create nothing.
+
+Event record layout (after the common ``(format_id, ts, tid)``)::
+
+    __probe_func  str   the probed function
+    __probe_caller str  its caller ('' for entry events)
+    __probe_line  u64   the caller's line (return events) or the function's line (entry events)
+    __faults      u64   bit i set: fetch arg i faulted (its stored value is a placeholder)
+    __exc         str   'Type: message' when the probed call raised (return events)
+    <fetch args>        one field each, typed by the fetch arg's TYPE
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Iterable
+from types import CodeType, FrameType
+from typing import Any
+
+from rethook.buffer.events import EventFormat
+from rethook.engine.engine import FgraphOps, FtraceOps
+from rethook.engine.filters import FilterError, FunctionFilter
+from rethook.probes.dynevent import DeleteDefinition, ProbeDefinition, parse_definition
+from rethook.probes.evfilter import EventFilter, FilterSyntaxError, compile_filter
+from rethook.probes.fetch import (
+    FAULT,
+    FetchContext,
+    ProbeSyntaxError,
+    Raised,
+    compile_plan,
+    field_type,
+)
+from rethook.probes.hist import HistTrigger, render_hist_file
+from rethook.probes.triggers import apply_trigger_write, render_trigger_file
+from rethook.tracers.base import TraceContext
+from rethook.tracers.formats import FIRST_DYNAMIC_ID, STACKTRACE
+from rethook.tracers.function import stack_text
+
+HEADER_FIELDS = (("__probe_func", "str"), ("__probe_caller", "str"), ("__probe_line", "u64"),
+                 ("__faults", "u64"), ("__exc", "str"))
+N_HEADER = len(HEADER_FIELDS)
+_PLACEHOLDER = {"u64": 0, "s64": 0, "str": "", "bool": False, "f64": 0.0}
+
+
+class ProbeError(ValueError):
+    """A definition that parses but cannot be created (no such function, name in use...)."""
+
+    def __init__(self, message: str, text: str, position: int = 0) -> None:
+        self.message = message
+        self.text = text
+        self.position = position
+        super().__init__(message)
+
+    def log_entry(self) -> str:
+        return (f"trace_probe: error: {self.message}\n  Command: {self.text}\n"
+                f"{' ' * (11 + self.position)}^\n")
+
+
+class ErrorLog:
+    """The ``error_log`` file: the last few rejected commands, each with its caret line."""
+
+    LIMIT = 16
+
+    def __init__(self) -> None:
+        self.entries: list[str] = []
+
+    def add(self, entry: str) -> None:
+        self.entries = (self.entries + [entry.rstrip("\n") + "\n"])[-self.LIMIT:]
+
+    def read(self) -> str:
+        return "".join(self.entries)
+
+    def clear(self) -> None:
+        self.entries = []
+
+
+def _own_frame(frame: FrameType) -> bool:
+    return frame.f_globals.get("__name__", "").startswith("rethook.")
+
+
+class _Actions:
+    """What triggers act on (the TriggerActions protocol)."""
+
+    def __init__(self, ctx: TraceContext) -> None:
+        self.ctx = ctx
+
+    def is_tracing_on(self) -> bool:
+        return self.ctx.buffer.tracing_on
+
+    def traceon(self) -> None:
+        self.ctx.buffer.tracing_on = True
+
+    def traceoff(self) -> None:
+        self.ctx.buffer.tracing_on = False
+
+    def stacktrace(self) -> None:
+        frame = sys._getframe(1)
+        while frame is not None and _own_frame(frame):
+            frame = frame.f_back
+        local = self.ctx.buffer.local()
+        local.append((STACKTRACE.id, self.ctx.now(), local.tid,
+                      stack_text(frame, self.ctx.name)))
+
+
+class ProbeEvent:
+    """One dynamic event: its definition, format, engine user, filter and triggers."""
+
+    def __init__(self, definition: ProbeDefinition, ctx: TraceContext, format_id: int) -> None:
+        self.defn = definition
+        self.ctx = ctx
+        self.group = definition.group
+        self.name = definition.event
+        self.is_return = definition.is_return
+        self.plan = compile_plan(definition.args, definition.is_return,
+                                 f"{self.group}/{self.name}")
+        self.field_types = [field_type(t) for t in self.plan.types]
+        self.format = EventFormat(format_id, self.full_name, (
+            *HEADER_FIELDS, *zip(self.plan.names, self.field_types, strict=True)))
+        # Filters and triggers see the fetch args by name (plus comm/common_pid).
+        self.fields = dict(zip(self.plan.names, self.plan.types, strict=True))
+        self.filter: EventFilter | None = None
+        self.triggers: list[Any] = []
+        self.nhit = 0
+        self.own_missed = 0  # maxactive
+        self.ops: FtraceOps | FgraphOps | None = None
+        self._reg: Any = None
+        self._lock = threading.Lock()
+        self.nactive = 0
+        self.maxactive = definition.maxactive or 0
+        try:
+            self.functions = FunctionFilter([definition.func], registry=ctx.registry)
+        except FilterError as e:
+            raise ProbeError(f"no function matches {definition.func!r}",
+                             definition.canonical()) from e
+        if definition.kind in "pr" and len(self.functions.select_by_id()) > 1:
+            raise ProbeError(f"{definition.func!r} matches several functions; a "
+                             f"{'kretprobe' if definition.kind == 'r' else 'kprobe'} probes "
+                             "one (use an f: event for many)", definition.canonical())
+        self.actions = _Actions(ctx)
+
+    @property
+    def full_name(self) -> str:
+        return f"{self.group}/{self.name}"
+
+    @property
+    def enabled(self) -> bool:
+        return self.ops is not None
+
+    @property
+    def nmissed(self) -> int:
+        return self.own_missed + (self._reg.nmissed if self._reg is not None else 0)
+
+    # --- enabling ------------------------------------------------------------------------
+    def enable(self) -> None:
+        if self.ops is not None:
+            return
+        engine = self.ctx.engine
+        if self.is_return:
+            ops = _ReturnProbeOps(self)
+            engine.register_ftrace_graph(ops)
+            self._reg = engine.registration(ops)
+        else:
+            ops = _EntryProbeOps(self)
+            engine.register_ftrace_function(ops)
+            self._reg = engine.registration(ops)
+        self.ops = ops
+
+    def disable(self) -> None:
+        ops, self.ops = self.ops, None
+        if ops is None:
+            return
+        if isinstance(ops, FgraphOps):
+            self.ctx.engine.unregister_ftrace_graph(ops)
+        else:
+            self.ctx.engine.unregister_ftrace_function(ops)
+
+    # --- one hit ---------------------------------------------------------------------------
+    def record(self, t: int, code: CodeType, caller: str, line: int, fctx: FetchContext) -> None:
+        values = self.plan.values(fctx)
+        if self.filter is not None or self.triggers:
+            named = dict(zip(self.plan.names, values, strict=True))
+            named["comm"] = threading.current_thread().name
+            named["common_pid"] = threading.get_native_id()
+            for trig in self.triggers:
+                trig.fire(named, self.actions)
+            if self.filter is not None and not self.filter.match(named):
+                return
+        faults = 0
+        exc = ""
+        if fctx.exc is not None:
+            exc = f"{type(fctx.exc).__name__}: {fctx.exc}"[:200]
+        out = []
+        for i, v in enumerate(values):
+            if v is FAULT or type(v) is Raised:
+                faults |= 1 << i
+                v = _PLACEHOLDER[self.field_types[i]]
+            out.append(v)
+        local = self.ctx.buffer.local()
+        local.append((self.format.id, t, local.tid, self.ctx.name(code), caller, line, faults,
+                      exc, *out))
+
+    # --- text ------------------------------------------------------------------------------
+    def format_text(self) -> str:
+        """The ``format`` file, like the kernel's ``events/GRP/EVENT/format``."""
+        return self.format.describe() + f"\nprint fmt: {self.defn.canonical()}\n"
+
+    def write_filter(self, text: str) -> None:
+        text = text.strip()
+        if text in ("", "0"):
+            self.filter = None
+            return
+        self.filter = compile_filter(text, self.fields)
+
+    def read_filter(self) -> str:
+        return (self.filter.text if self.filter is not None else "none") + "\n"
+
+    def write_trigger(self, text: str) -> None:
+        self.triggers = apply_trigger_write(self.triggers, text, self.fields,
+                                            event=f"{self.group}:{self.name}")
+
+    def read_trigger(self) -> str:
+        return render_trigger_file(self.triggers)
+
+    def read_hist(self) -> str:
+        return render_hist_file([t for t in self.triggers if isinstance(t, HistTrigger)])
+
+
+class _EntryProbeOps(FtraceOps):
+    """``p:`` and entry ``f:`` events: record at entry."""
+
+    def __init__(self, event: ProbeEvent) -> None:
+        super().__init__(name=f"probe:{event.full_name}")
+        self.filter = event.functions
+        self.event = event
+        self.needs_entry = event.plan.needs_entry
+        self.at_entry = event.plan.at_entry
+        self.name_of = event.ctx.name
+        self.now = event.ctx.now
+
+    def func(self, code: CodeType, frame: FrameType) -> None:
+        ev = self.event
+        ev.nhit += 1
+        captured = self.at_entry(frame) if self.needs_entry else None
+        fctx = FetchContext(captured, frame, None, None, None, None, None, self.name_of)
+        ev.record(self.now(), code, "", frame.f_lineno or code.co_firstlineno, fctx)
+
+
+class _ReturnProbeOps(FgraphOps):
+    """``r:`` and ``f:...%return`` events: capture at entry, record at return."""
+
+    def __init__(self, event: ProbeEvent) -> None:
+        super().__init__(name=f"probe:{event.full_name}")
+        self.filter = event.functions
+        self.event = event
+        self.wants_frame = True
+        self.at_entry = event.plan.at_entry
+        self.needs_stack = event.plan.needs_stack
+        self.name_of = event.ctx.name
+        self.maxactive = event.maxactive
+
+    def entryfunc(self, code: CodeType, frame: FrameType | None, depth: int, t: int) -> Any:
+        ev = self.event
+        ev.nhit += 1
+        if self.maxactive:
+            with ev._lock:
+                if ev.nactive >= self.maxactive:
+                    ev.own_missed += 1
+                    return None
+                ev.nactive += 1
+        caller = frame.f_back
+        if caller is None:
+            return (self.at_entry(frame), "", 0)
+        return (self.at_entry(frame), self.name_of(caller.f_code), caller.f_lineno or 0)
+
+    def retfunc(self, code: CodeType, frame: FrameType | None, depth: int, data: Any,
+                retval: Any, exc: BaseException | None, t0: int, t1: int, sleep: int,
+                flags: int) -> None:
+        ev = self.event
+        if self.maxactive:
+            with ev._lock:
+                ev.nactive -= 1
+        captured, caller, line = data
+        stack_fn = None
+        if self.needs_stack and frame is not None:
+            def stack_fn(frame: FrameType = frame) -> list[str]:
+                out, f = [], frame.f_back
+                while f is not None:
+                    out.append(self.name_of(f.f_code))
+                    f = f.f_back
+                return out
+        fctx = FetchContext(captured, None, retval, exc, None, None, t1 - t0, self.name_of,
+                            stack_fn)
+        ev.record(t1, code, caller, line, fctx)
+
+
+class DynamicEvents:
+    """The probe events of one trace instance (the ``dynamic_events`` file and ``events/``)."""
+
+    def __init__(self, ctx: TraceContext) -> None:
+        self.ctx = ctx
+        self.events: dict[str, ProbeEvent] = {}  # "GRP/EVENT" -> event
+        self.error_log = ErrorLog()
+        self._next_id = FIRST_DYNAMIC_ID
+
+    def write(self, text: str, append: bool = True, only: str = "pfr") -> list[ProbeEvent]:
+        """``echo text >> dynamic_events``: one command per line; ``>`` (append=False)
+        first removes every event. A rejected command raises and creates nothing (the
+        commands before it in the same write stay, as in the kernel)."""
+        if not append:
+            busy = [e.full_name for e in self.events.values() if e.enabled]
+            if busy:
+                raise ProbeError(f"events are enabled: {', '.join(busy)} (disable them first)",
+                                 text.strip())
+            self.events.clear()
+        made = []
+        for line in text.splitlines():
+            line = line.split("#", 1)[0].strip()
+            if line:
+                made.extend(self._command(line, only))
+        return made
+
+    def _command(self, line: str, only: str) -> list[ProbeEvent]:
+        try:
+            d = parse_definition(line)
+            if isinstance(d, ProbeDefinition) and d.kind not in only:
+                raise ProbeError(f"{d.kind}: events are not accepted here (use dynamic_events)",
+                                 line)
+            if isinstance(d, DeleteDefinition):
+                self._delete(d, line)
+                return []
+            if d.full_name in self.events:
+                raise ProbeError(f"event {d.full_name} already exists", line)
+            event = ProbeEvent(d, self.ctx, self._next_id)
+        except (ProbeSyntaxError, ProbeError) as e:
+            self.error_log.add(e.log_entry())
+            raise
+        self._next_id += 1
+        self.ctx.formats.add(event.format)
+        self.events[d.full_name] = event
+        return [event]
+
+    def _delete(self, d: DeleteDefinition, line: str) -> None:
+        matches = [k for k, e in self.events.items()
+                   if e.name == d.event and (d.group is None or e.group == d.group)]
+        if not matches:
+            raise ProbeError(f"no event {d.event!r} to delete", line)
+        for key in matches:
+            if self.events[key].enabled:
+                raise ProbeError(f"event {key} is enabled (disable it first)", line)
+            del self.events[key]
+
+    def read(self, only: str = "pfr") -> str:
+        return "".join(e.defn.canonical() + "\n" for e in self.events.values()
+                       if e.defn.kind in only)
+
+    def get(self, group: str, name: str) -> ProbeEvent | None:
+        return self.events.get(f"{group}/{name}")
+
+    def groups(self) -> dict[str, list[ProbeEvent]]:
+        out: dict[str, list[ProbeEvent]] = {}
+        for e in self.events.values():
+            out.setdefault(e.group, []).append(e)
+        return out
+
+    def profile(self) -> str:
+        """``kprobe_profile``: each event's hits and misses."""
+        return "".join(f"  {e.name:<44} {e.nhit:>15} {e.nmissed:>15}\n"
+                       for e in self.events.values())
+
+    def definitions(self) -> list[str]:
+        return [e.defn.canonical() for e in self.events.values()]
+
+    def stop(self) -> None:
+        for e in self.events.values():
+            e.disable()
+
+
+class ProbeFormatter:
+    """Prints probe events in the kernel's shape, from their definitions (which a trace file
+    keeps in its meta, so a report needs nothing else)::
+
+        EVENT: (FUNC+LINE) name=value ...               entry events
+        EVENT: (CALLER+LINE <- FUNC) name=value ...     return events
+    """
+
+    def __init__(self, definitions: Iterable[str]) -> None:
+        self.by_name: dict[str, tuple[ProbeDefinition, Any]] = {}
+        for text in definitions:
+            d = parse_definition(text)
+            if isinstance(d, ProbeDefinition):
+                self.by_name[d.full_name] = (d, compile_plan(d.args, d.is_return, d.full_name))
+
+    def describe(self, fmt: EventFormat | None, ev: tuple) -> str | None:
+        if fmt is None or fmt.name not in self.by_name:
+            return None
+        d, plan = self.by_name[fmt.name]
+        func, caller, line, faults, exc = ev[3:3 + N_HEADER]
+        values = list(ev[3 + N_HEADER:])
+        for i, src in enumerate(d.args):
+            if faults >> i & 1:
+                raised = exc and src.source == "retval"
+                values[i] = Raised(*exc.split(": ", 1)) if raised else FAULT
+        args = plan.format(tuple(values)) if values else ""
+        where = f"({caller}+{line} <- {func})" if d.is_return else f"({func}+{line})"
+        return f"{d.event}: {where}{' ' + args if args else ''}"
+
+
+__all__ = ["DynamicEvents", "ErrorLog", "FilterSyntaxError", "ProbeError", "ProbeEvent",
+           "ProbeFormatter", "ProbeSyntaxError"]
