@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from rethook.buffer.ring import TracePipe
 from rethook.engine.filters import FilterError, FunctionFilter
 from rethook.output.text import Threads, describer, render, renderer_for
-from rethook.probes.events import DynamicEvents, ProbeError, ProbeEvent, ProbeFormatter
+from rethook.probes.events import DynamicEvents, ProbeError, ProbeEvent
 from rethook.probes.evfilter import FilterSyntaxError
 from rethook.probes.fetch import ProbeSyntaxError
 from rethook.tracers import TRACERS
@@ -285,7 +285,7 @@ class Tracefs:
 
     def describe(self):
         """How this instance's events print (probe events in the kernel's shape)."""
-        return describer(ProbeFormatter(self.dynamic.definitions()).describe)
+        return describer(self.dynamic.formatter().describe)
 
     def _write_events(self, path: str, text: str, append: bool, only: str) -> None:
         try:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from types import CodeType, FrameType
 from typing import Any
 
@@ -116,7 +116,8 @@ class _Actions:
 class ProbeEvent:
     """One dynamic event: its definition, format, engine user, filter and triggers."""
 
-    def __init__(self, definition: ProbeDefinition, ctx: TraceContext, format_id: int) -> None:
+    def __init__(self, definition: ProbeDefinition, ctx: TraceContext, format_id: int,
+                 format_name: str | None = None) -> None:
         self.defn = definition
         self.ctx = ctx
         self.group = definition.group
@@ -125,7 +126,7 @@ class ProbeEvent:
         self.plan = compile_plan(definition.args, definition.is_return,
                                  f"{self.group}/{self.name}")
         self.field_types = [field_type(t) for t in self.plan.types]
-        self.format = EventFormat(format_id, self.full_name, (
+        self.format = EventFormat(format_id, format_name or self.full_name, (
             *HEADER_FIELDS, *zip(self.plan.names, self.field_types, strict=True)))
         # Filters and triggers see the fetch args by name (plus comm/common_pid).
         self.fields = dict(zip(self.plan.names, self.plan.types, strict=True))
@@ -310,6 +311,9 @@ class DynamicEvents:
     def __init__(self, ctx: TraceContext) -> None:
         self.ctx = ctx
         self.events: dict[str, ProbeEvent] = {}  # "GRP/EVENT" -> event
+        # Every format ever made here -> its definition: events of a deleted (or redefined)
+        # probe still in the buffer keep printing as they were recorded.
+        self.printed: dict[str, str] = {}
         self.error_log = ErrorLog()
         self._next_id = FIRST_DYNAMIC_ID
 
@@ -341,13 +345,19 @@ class DynamicEvents:
                 return []
             if d.full_name in self.events:
                 raise ProbeError(f"event {d.full_name} already exists", line)
-            event = ProbeEvent(d, self.ctx, self._next_id)
+            fmt_name = d.full_name
+            n = 1
+            while fmt_name in self.printed:  # redefined after a delete: a new format
+                n += 1
+                fmt_name = f"{d.full_name}#{n}"
+            event = ProbeEvent(d, self.ctx, self._next_id, fmt_name)
         except (ProbeSyntaxError, ProbeError) as e:
             self.error_log.add(e.log_entry())
             raise
         self._next_id += 1
         self.ctx.formats.add(event.format)
         self.events[d.full_name] = event
+        self.printed[fmt_name] = d.canonical()
         return [event]
 
     def _delete(self, d: DeleteDefinition, line: str) -> None:
@@ -381,6 +391,10 @@ class DynamicEvents:
     def definitions(self) -> list[str]:
         return [e.defn.canonical() for e in self.events.values()]
 
+    def formatter(self) -> ProbeFormatter:
+        """Prints every event this instance ever defined (what a trace file keeps too)."""
+        return ProbeFormatter(self.printed)
+
     def stop(self) -> None:
         for e in self.events.values():
             e.disable()
@@ -394,12 +408,15 @@ class ProbeFormatter:
         EVENT: (CALLER+LINE <- FUNC) name=value ...     return events
     """
 
-    def __init__(self, definitions: Iterable[str]) -> None:
+    def __init__(self, definitions: Mapping[str, str] | Iterable[str]) -> None:
+        """``definitions``: format name -> definition, or just definitions (named by them)."""
+        if not isinstance(definitions, Mapping):
+            definitions = {_full_name(text): text for text in definitions}
         self.by_name: dict[str, tuple[ProbeDefinition, Any]] = {}
-        for text in definitions:
+        for fmt_name, text in definitions.items():
             d = parse_definition(text)
             if isinstance(d, ProbeDefinition):
-                self.by_name[d.full_name] = (d, compile_plan(d.args, d.is_return, d.full_name))
+                self.by_name[fmt_name] = (d, compile_plan(d.args, d.is_return, d.full_name))
 
     def describe(self, fmt: EventFormat | None, ev: tuple) -> str | None:
         if fmt is None or fmt.name not in self.by_name:
@@ -414,6 +431,11 @@ class ProbeFormatter:
         args = plan.format(tuple(values)) if values else ""
         where = f"({caller}+{line} <- {func})" if d.is_return else f"({func}+{line})"
         return f"{d.event}: {where}{' ' + args if args else ''}"
+
+
+def _full_name(text: str) -> str:
+    d = parse_definition(text)
+    return d.full_name if isinstance(d, ProbeDefinition) else text
 
 
 __all__ = ["DynamicEvents", "ErrorLog", "FilterSyntaxError", "ProbeError", "ProbeEvent",
