@@ -134,7 +134,8 @@ def test_fprobe_exit_only_if_entry_handler_returned_zero(engine):
 
 def test_fprobe_disable_enable(engine):
     exits = []
-    fp = Fprobe("programs.calls.leaf", exit_handler=lambda fp, code, frame, retval, *rest: exits.append(retval))
+    fp = Fprobe("programs.calls.leaf",
+                exit_handler=lambda fp, code, frame, retval, *rest: exits.append(retval))
     fp.register()
     try:
         calls.leaf(1)
@@ -170,7 +171,8 @@ def test_probes_share_one_hook_with_other_users(engine):
     rec = Recorder("programs.calls.leaf")
     seen = []
     rp = Kretprobe("programs.calls.leaf", handler=lambda ri, v: seen.append(v))
-    fp = Fprobe("programs.calls.leaf", exit_handler=lambda fp, code, frame, retval, *r: seen.append(-retval))
+    fp = Fprobe("programs.calls.leaf",
+                exit_handler=lambda fp, code, frame, retval, *r: seen.append(-retval))
     engine.register_ftrace_graph(rec)
     rp.register()
     fp.register()

@@ -10,7 +10,7 @@ class Session:
 
     def send(self, path, size):
         self.sent += 1
-        path = "changed"  # the probe must still see the argument as passed
+        path = "changed"  # noqa: F841 - the probe must still see the argument as passed
         return 200 if size < 100 else 413
 
 
