@@ -167,6 +167,7 @@ class ThreadBuffer:
     __slots__ = (
         "append",
         "tid",
+        "_ident",
         "finished",
         "_retarget",
         "_owner",
@@ -188,9 +189,11 @@ class ThreadBuffer:
         "__weakref__",
     )
 
-    def __init__(self, owner: TraceBuffer, tid: int, thread: threading.Thread | None) -> None:
+    def __init__(self, owner: TraceBuffer, tid: int, thread: threading.Thread | None,
+                 ident: int | None = None) -> None:
         self._owner = owner
         self.tid = tid
+        self._ident = ident  # to find the Thread object later if it did not exist yet
         self._thread = weakref.ref(thread) if thread is not None else None
         self._name = thread.name if thread is not None else f"tid-{tid}"
         self.finished = False
@@ -214,6 +217,10 @@ class ThreadBuffer:
     @property
     def name(self) -> str:
         """The thread's current name (its last name once it has ended)."""
+        if self._thread is None and self._ident is not None and not self.finished:
+            thread = _known_thread(self._ident)
+            if thread is not None:
+                self._thread = weakref.ref(thread)
         thread = self._thread() if self._thread is not None else None
         if thread is not None:
             self._name = thread.name
@@ -483,6 +490,12 @@ class ThreadBuffer:
         return f"<ThreadBuffer tid={self.tid} name={self.name!r}>"
 
 
+def _known_thread(ident: int) -> threading.Thread | None:
+    """The Thread object of a thread threading knows (not ``current_thread()``, which makes a
+    dummy one for a thread still starting up or not started by threading at all)."""
+    return threading._active.get(ident)  # type: ignore[attr-defined]
+
+
 class _ThreadToken:
     """Lives in the owning thread's thread-local storage; dies when the thread ends."""
 
@@ -528,9 +541,10 @@ class TraceBuffer:
             return self._attach()
 
     def _attach(self) -> ThreadBuffer:
-        thread = threading.current_thread()
+        ident = threading.get_ident()
+        thread = _known_thread(ident)
         with self._lock:
-            buf = ThreadBuffer(self, threading.get_native_id(), thread)
+            buf = ThreadBuffer(self, threading.get_native_id(), thread, ident)
             self._buffers.append(buf)
         token = _ThreadToken(buf)
         weakref.finalize(token, _mark_finished, weakref.ref(buf))

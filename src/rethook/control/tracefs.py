@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from rethook.buffer.ring import TracePipe
+from rethook.engine.core import notrace
 from rethook.engine.filters import FilterError, FunctionFilter
 from rethook.output.text import Threads, describer, render, renderer_for
 from rethook.probes.events import DynamicEvents, ProbeError, ProbeEvent
@@ -117,6 +118,10 @@ class Tracefs:
 
     def read(self, path: str, timeout: float | None = 0.0) -> str:
         """``cat path``. ``trace_pipe`` consumes, waiting up to ``timeout`` s for events."""
+        with notrace():
+            return self._read(path, timeout)
+
+    def _read(self, path: str, timeout: float | None) -> str:
         path = path.strip("/")
         if path == "trace_pipe":
             return "".join(line + "\n" for line in self.pipe_lines(timeout))
@@ -133,6 +138,10 @@ class Tracefs:
 
     def write(self, path: str, text: str, append: bool = False) -> None:
         """``echo text > path`` (or ``>>`` with ``append``)."""
+        with notrace():
+            self._write(path, text, append)
+
+    def _write(self, path: str, text: str, append: bool) -> None:
         path = path.strip("/")
         if path.startswith("options/"):
             self._option(path)
@@ -179,6 +188,10 @@ class Tracefs:
 
     def pipe_lines(self, timeout: float | None = 0.0) -> Iterator[str]:
         """``cat trace_pipe``: consume what is there (waiting up to ``timeout`` for it)."""
+        with notrace():
+            return list(self._pipe_lines(timeout))
+
+    def _pipe_lines(self, timeout: float | None) -> Iterator[str]:
         if self._pipe is None:
             self._pipe = self.ctx.buffer.pipe()
             self._pipe_renderer = renderer_for(self.tracer.name, self.ctx.formats,
@@ -373,11 +386,16 @@ class Tracefs:
 
     def profile_table(self) -> str:
         """All threads' profiles merged (what ``rethook profile`` prints)."""
-        ops = self.profiler.last
-        return stat_table(ops.stats(self.ctx.name) if ops is not None else [])
+        with notrace():
+            ops = self.profiler.last
+            return stat_table(ops.stats(self.ctx.name) if ops is not None else [])
 
     def close(self) -> None:
         """Stop everything this instance registered (the buffer stays readable)."""
+        with notrace():
+            self._close()
+
+    def _close(self) -> None:
         self.tracer.stop()
         self.tracer = TRACERS["nop"]()
         self.commands.stop()

@@ -190,9 +190,19 @@ class _ThreadEndGuard:
             pass
 
 
+#: Threads whose name starts with this are rethook's own (a recorder's drain thread...): the
+#: stdlib code they run is rethook's work, never the program's, so they are never traced.
+OWN_THREAD_PREFIX = "rethook-"
+
+
 def _new_thread_state() -> ThreadState:
     tid = threading.get_ident()
     ts = ThreadState(tid)
+    # threading._active, not current_thread(): that would make a dummy Thread object for a
+    # thread threading does not know (one running a finaliser at shutdown, say).
+    thread = threading._active.get(tid)  # type: ignore[attr-defined]
+    if thread is not None and thread.name.startswith(OWN_THREAD_PREFIX):
+        ts.busy = True  # for good: see OWN_THREAD_PREFIX
     _local.ts = ts
     _local.guard = _ThreadEndGuard(ts)
     with _threads_lock:
@@ -220,6 +230,31 @@ def handler_failed(reg: Any, exc: BaseException) -> None:
         print(f"rethook: a handler of {reg.ops!r} raised (reported once, counted after):",
               file=sys.stderr)
         traceback.print_exception(exc, file=sys.stderr)
+
+
+class notrace:
+    """``with notrace():`` -- what the calling thread runs inside is not traced.
+
+    For rethook's own work outside the callbacks (registering users, reading or writing the
+    trace buffer, the control surface): the stdlib functions it calls may be hooked (``-l *``),
+    and a handler running inside rethook's own critical sections would re-enter them (the
+    kernel marks its tracing code ``notrace`` for the same reason). Calls skipped this way are
+    counted in ``recursion``. Nests; costs two attribute writes.
+    """
+
+    __slots__ = ("ts", "prev")
+
+    def __enter__(self) -> None:
+        try:
+            ts = _local.ts
+        except AttributeError:
+            ts = _new_thread_state()
+        self.ts = ts
+        self.prev = ts.busy
+        ts.busy = True
+
+    def __exit__(self, *exc: object) -> None:
+        self.ts.busy = self.prev
 
 
 # --- delivery (shared by the exits and by the engine's teardown) ------------------------------
@@ -686,5 +721,6 @@ class PyCore:
 
     Registration = Registration
     EntryRegistration = EntryRegistration
+    notrace = notrace
     deliver = staticmethod(deliver)
     handler_failed = staticmethod(handler_failed)

@@ -65,6 +65,20 @@ class EngineError(RuntimeError):
     """A user cannot be registered or unregistered."""
 
 
+def _untraced(method: Callable) -> Callable:
+    """Run an engine method under ``notrace``: the stdlib code it calls while holding the
+    engine's lock must not run handlers (which could call back into the engine)."""
+
+    def wrapper(self: Engine, *args: Any, **kwargs: Any) -> Any:
+        with _core.notrace():
+            return method(self, *args, **kwargs)
+
+    wrapper.__name__ = method.__name__
+    wrapper.__qualname__ = method.__qualname__
+    wrapper.__doc__ = method.__doc__
+    return wrapper
+
+
 def _decline(code: CodeType, frame: FrameType | None, depth: int, t: int) -> None:
     return None
 
@@ -210,6 +224,7 @@ class Engine:
     def running(self) -> bool:
         return self.tool_id is not None
 
+    @_untraced
     def start(self) -> None:
         """Claim a tool id and install the callbacks (done by the first registration)."""
         with self._lock:
@@ -226,6 +241,7 @@ class Engine:
             self._unsubscribe = self.registry.subscribe(self._on_new_functions)
             _active = self
 
+    @_untraced
     def stop(self) -> None:
         """Unregister every user (open calls get FLAG_UNFINISHED) and give the tool id back."""
         with self._lock:
@@ -263,6 +279,7 @@ class Engine:
         self.stop()
 
     # --- users ----------------------------------------------------------------------------
+    @_untraced
     def register_ftrace_function(self, ops: FtraceOps) -> None:
         """Start calling ``ops.func`` on entry of every function its filter matches."""
         with self._lock:
@@ -274,6 +291,7 @@ class Engine:
             ops.engine = self
             self._reconcile([])
 
+    @_untraced
     def unregister_ftrace_function(self, ops: FtraceOps) -> None:
         with self._lock:
             ereg = self._entry.pop(ops, None)
@@ -285,6 +303,7 @@ class Engine:
             ereg.func = _ignore
             self._maybe_stop()
 
+    @_untraced
     def register_ftrace_graph(self, ops: FgraphOps) -> None:
         """Give ``ops`` a slot and hook every function its filter matches."""
         with self._lock:
@@ -305,6 +324,7 @@ class Engine:
             ops.engine = self
             self._reconcile([])
 
+    @_untraced
     def unregister_ftrace_graph(self, ops: FgraphOps) -> None:
         """Stop hooking for ``ops``; its open calls get their return now, FLAG_UNFINISHED.
 
@@ -325,6 +345,7 @@ class Engine:
             reg.entryfunc = _decline
             self._maybe_stop()
 
+    @_untraced
     def update(self, ops: _Ops) -> None:
         """Re-resolve ``ops``' filter after it changed and apply it to every thread."""
         with self._lock:
@@ -335,6 +356,7 @@ class Engine:
             self._selection[ops] = new
             self._reconcile([], removing=bool(old.keys() - new.keys()))
 
+    @_untraced
     def set_max_depth(self, depth: int | None) -> None:
         """Shadow-stack depth past which calls are counted as overruns (None: the default)."""
         self.max_depth = DEFAULT_MAX_DEPTH if depth is None else int(depth)
@@ -361,6 +383,7 @@ class Engine:
         return {id(info.code): info.code for info in ops.filter.select_infos()
                 if not _own_code(info)}
 
+    @_untraced
     def _on_new_functions(self, infos: list[FunctionInfo]) -> None:
         """Registry callback (imports, new code): hook what existing filters now match."""
         with self._lock:
@@ -552,6 +575,7 @@ class Engine:
                 me.busy = was_busy
 
     # --- generators closed or collected while suspended ----------------------------------
+    @_untraced
     def collect_parked(self) -> int:
         """Deliver the parked calls of generators that were closed or collected silently.
 
@@ -601,6 +625,7 @@ class Engine:
                         return rec[i + 1]
         return None
 
+    @_untraced
     def enabled_functions(self) -> list[tuple[FunctionInfo, int, int]]:
         """Hooked code objects with their numbers of entry and graph users."""
         out = []
@@ -610,6 +635,7 @@ class Engine:
         out.sort(key=lambda t: t[0].name)
         return out
 
+    @_untraced
     def stats(self) -> dict[str, int]:
         """Counters: nothing is dropped without being counted here."""
         states = self.core.thread_states()
