@@ -290,3 +290,35 @@ def test_buffer_overwrite_counts_entries(fs):
     held, written = int(m.group(1)), int(m.group(2))
     assert written == 1973 and 0 < held < written
     assert sys.getrecursionlimit() > 0
+
+
+def test_tracing_everything_never_deadlocks_on_rethooks_own_work(tmp_path):
+    # With every function hooked (the stdlib's threading and contextlib included), rethook's
+    # own calls into them (buffer locks, pipe readers) must not run handlers: a regression
+    # test for a deadlock. Run in a child so a hang fails the test instead of the suite.
+    import subprocess
+
+    script = tmp_path / "everything.py"
+    script.write_text(
+        "import sys, threading\n"
+        f"sys.path.insert(0, {str(__import__('os').path.dirname(__file__))!r})\n"
+        "from rethook.control import Tracefs\n"
+        "from programs import shapes\n"
+        "fs = Tracefs()\n"
+        "fs.write('current_tracer', 'function_graph')\n"
+        "got = []\n"
+        "reader = threading.Thread(target=lambda: got.append(fs.read('trace_pipe', 0.2)),\n"
+        "                          name='reader')\n"
+        "reader.start()\n"
+        "threads = [threading.Thread(target=shapes.top, args=(i,)) for i in range(3)]\n"
+        "for t in threads: t.start()\n"
+        "for t in threads: t.join()\n"
+        "reader.join()\n"
+        "fs.write('tracing_on', '0')\n"
+        "text = fs.read('trace')\n"
+        "fs.close()\n"
+        "print('ok', 'programs.shapes.top' in text + ''.join(got))\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok True"
