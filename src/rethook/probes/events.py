@@ -187,8 +187,9 @@ class ProbeEvent:
             self.ctx.engine.unregister_ftrace_function(ops)
 
     # --- one hit ---------------------------------------------------------------------------
-    def record(self, t: int, code: CodeType, caller: str, line: int, fctx: FetchContext) -> None:
-        values = self.plan.values(fctx)
+    def record(self, t: int, func: str, caller: str, line: int, values: tuple,
+               exc: BaseException | None, append: Any, tid: int) -> None:
+        """Filter, triggers, then the event into the buffer (``append`` of this thread's)."""
         if self.filter is not None or self.triggers:
             named = dict(zip(self.plan.names, values, strict=True))
             named["comm"] = threading.current_thread().name
@@ -197,19 +198,18 @@ class ProbeEvent:
                 trig.fire(named, self.actions)
             if self.filter is not None and not self.filter.match(named):
                 return
+        if exc is None and FAULT not in values:
+            append((self.format.id, t, tid, func, caller, line, 0, "", *values))
+            return
         faults = 0
-        exc = ""
-        if fctx.exc is not None:
-            exc = f"{type(fctx.exc).__name__}: {fctx.exc}"[:200]
         out = []
         for i, v in enumerate(values):
             if v is FAULT or type(v) is Raised:
                 faults |= 1 << i
                 v = _PLACEHOLDER[self.field_types[i]]
             out.append(v)
-        local = self.ctx.buffer.local()
-        local.append((self.format.id, t, local.tid, self.ctx.name(code), caller, line, faults,
-                      exc, *out))
+        text = "" if exc is None else f"{type(exc).__name__}: {exc}"[:200]
+        append((self.format.id, t, tid, func, caller, line, faults, text, *out))
 
     # --- text ------------------------------------------------------------------------------
     def format_text(self) -> str:
@@ -237,37 +237,64 @@ class ProbeEvent:
         return render_hist_file([t for t in self.triggers if isinstance(t, HistTrigger)])
 
 
-class _EntryProbeOps(FtraceOps):
-    """``p:`` and entry ``f:`` events: record at entry."""
+class _ProbeOps:
+    """What both kinds of probe users share: names cached per code object, this thread's
+    buffer (a probe hit is budgeted at a couple of microseconds, all of it here)."""
 
-    def __init__(self, event: ProbeEvent) -> None:
-        super().__init__(name=f"probe:{event.full_name}")
-        self.filter = event.functions
+    def _setup(self, event: ProbeEvent) -> None:
         self.event = event
-        self.needs_entry = event.plan.needs_entry
+        self.plan = event.plan
+        self.values = event.plan.values
         self.at_entry = event.plan.at_entry
         self.name_of = event.ctx.name
         self.now = event.ctx.now
+        self.buffer = event.ctx.buffer
+        self._names: dict[int, tuple[CodeType, str]] = {}
+        self._local = threading.local()
+
+    def code_name(self, code: CodeType) -> str:
+        hit = self._names.get(id(code))
+        if hit is not None and hit[0] is code:
+            return hit[1]
+        name = self.name_of(code)
+        self._names[id(code)] = (code, name)
+        return name
+
+    def _buf(self) -> Any:
+        try:
+            return self._local.buf
+        except AttributeError:
+            self._local.buf = buf = self.buffer.local()
+            return buf
+
+
+class _EntryProbeOps(_ProbeOps, FtraceOps):
+    """``p:`` and entry ``f:`` events: record at entry."""
+
+    def __init__(self, event: ProbeEvent) -> None:
+        FtraceOps.__init__(self, name=f"probe:{event.full_name}")
+        self._setup(event)
+        self.filter = event.functions
 
     def func(self, code: CodeType, frame: FrameType) -> None:
         ev = self.event
         ev.nhit += 1
-        captured = self.at_entry(frame) if self.needs_entry else None
-        fctx = FetchContext(captured, frame, None, None, None, None, None, self.name_of)
-        ev.record(self.now(), code, "", frame.f_lineno or code.co_firstlineno, fctx)
+        fctx = FetchContext(self.at_entry(frame), frame, None, None, None, None, None,
+                            self.name_of)
+        buf = self._buf()
+        ev.record(self.now(), self.code_name(code), "", frame.f_lineno or code.co_firstlineno,
+                  self.values(fctx), None, buf.append, buf.tid)
 
 
-class _ReturnProbeOps(FgraphOps):
+class _ReturnProbeOps(_ProbeOps, FgraphOps):
     """``r:`` and ``f:...%return`` events: capture at entry, record at return."""
 
     def __init__(self, event: ProbeEvent) -> None:
-        super().__init__(name=f"probe:{event.full_name}")
+        FgraphOps.__init__(self, name=f"probe:{event.full_name}")
+        self._setup(event)
         self.filter = event.functions
-        self.event = event
         self.wants_frame = True
-        self.at_entry = event.plan.at_entry
         self.needs_stack = event.plan.needs_stack
-        self.name_of = event.ctx.name
         self.maxactive = event.maxactive
 
     def entryfunc(self, code: CodeType, frame: FrameType | None, depth: int, t: int) -> Any:
@@ -282,7 +309,10 @@ class _ReturnProbeOps(FgraphOps):
         caller = frame.f_back
         if caller is None:
             return (self.at_entry(frame), "", 0)
-        return (self.at_entry(frame), self.name_of(caller.f_code), caller.f_lineno or 0)
+        cc = caller.f_code
+        hit = self._names.get(id(cc))
+        name = hit[1] if hit is not None and hit[0] is cc else self.code_name(cc)
+        return (self.at_entry(frame), name, caller.f_lineno or 0)
 
     def retfunc(self, code: CodeType, frame: FrameType | None, depth: int, data: Any,
                 retval: Any, exc: BaseException | None, t0: int, t1: int, sleep: int,
@@ -297,12 +327,27 @@ class _ReturnProbeOps(FgraphOps):
             def stack_fn(frame: FrameType = frame) -> list[str]:
                 out, f = [], frame.f_back
                 while f is not None:
-                    out.append(self.name_of(f.f_code))
+                    out.append(self.code_name(f.f_code))
                     f = f.f_back
                 return out
-        fctx = FetchContext(captured, None, retval, exc, None, None, t1 - t0, self.name_of,
-                            stack_fn)
-        ev.record(t1, code, caller, line, fctx)
+        try:
+            buf, fctx = self._local.state
+        except AttributeError:
+            buf, fctx = self._local.state = (self._buf(), FetchContext(name_of=self.name_of))
+        # One context per thread, refilled: cheaper than making one per hit.
+        fctx.captured = captured
+        fctx.retval = retval
+        fctx.exc = exc
+        fctx.duration_ns = t1 - t0
+        fctx.stack_fn = stack_fn
+        fctx._thread_name = fctx._stack = None
+        values = self.values(fctx)
+        hit = self._names.get(id(code))
+        name = hit[1] if hit is not None and hit[0] is code else self.code_name(code)
+        if exc is None and ev.filter is None and not ev.triggers and FAULT not in values:
+            buf.append((ev.format.id, t1, buf.tid, name, caller, line, 0, "", *values))
+        else:
+            ev.record(t1, name, caller, line, values, exc, buf.append, buf.tid)
 
 
 class DynamicEvents:
