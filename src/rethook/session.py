@@ -17,6 +17,7 @@ The pieces, in the order the command line uses them:
 
 from __future__ import annotations
 
+import _thread
 import ast
 import atexit
 import builtins
@@ -25,18 +26,20 @@ import importlib.machinery
 import importlib.util
 import io
 import os
+import re
 import sys
 import threading
 import time
 import types
-from collections.abc import Iterable, Sequence
+import warnings
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 
 import rethook
-from rethook.buffer.events import Lost
 from rethook.buffer.tracefile import TraceWriter
 from rethook.control.tracefs import Tracefs
+from rethook.engine.core import notrace
 from rethook.output.text import Threads, renderer_for
 
 #: How long a drain thread waits for events before looking again (it wakes at once when a
@@ -228,6 +231,7 @@ class TraceSettings:
     notrace: list[str] = field(default_factory=list)  # -n
     graph_functions: list[str] = field(default_factory=list)  # -g
     graph_notrace: list[str] = field(default_factory=list)  # --graph-notrace
+    events: list[str] = field(default_factory=list)  # -e: probe definitions, made and enabled
     options: list[str] = field(default_factory=list)  # -O NAME / -O noNAME
     max_graph_depth: int | None = None
     tracing_thresh: int | None = None  # microseconds
@@ -261,10 +265,8 @@ def configure(fs: Tracefs, settings: TraceSettings, program: Program | None,
         try:
             fs.write(path, text, append=append)
         except TracefsError as e:
-            message = str(e)
-            prefix = f"{path}: "
-            if message.startswith(prefix):
-                message = message[len(prefix):]
+            # "PATH: " and error_log's "[timestamp] " say nothing about the flag
+            message = re.sub(r"^\[ *[\d.]+\] ", "", str(e).removeprefix(f"{path}: "))
             raise SettingError(flag, value, message) from None
 
     write("tracing_on", "0", "tracing_on", "0")
@@ -284,6 +286,11 @@ def configure(fs: Tracefs, settings: TraceSettings, program: Program | None,
         write("-g", text, "set_graph_function", text, append=True)
     for text in settings.graph_notrace:
         write("--graph-notrace", text, "set_graph_notrace", text, append=True)
+    for text in settings.events:
+        before = set(fs.dynamic.events)
+        write("-e", text, "dynamic_events", text, append=True)
+        for name in [n for n in fs.dynamic.events if n not in before]:
+            write("-e", text, f"events/{name}/enable", "1")
     if settings.max_graph_depth is not None:
         write("--max-graph-depth", str(settings.max_graph_depth), "max_graph_depth",
               str(settings.max_graph_depth))
@@ -320,46 +327,151 @@ class Observer:
     def start(self, fs: Tracefs) -> None:
         """Called with tracing about to go on."""
 
+    def stop(self, fs: Tracefs) -> None:
+        """Called when the program is over, before tracing stops (open calls are still to be
+        delivered as unfinished)."""
+
     def finish(self, fs: Tracefs) -> None:
         """Called after the program ended and tracing stopped (never in a forked child)."""
 
 
 class _Drain(Observer):
-    """A background thread that consumes the ring buffer (``trace_pipe``) in batches."""
+    """A background thread that consumes the ring buffer (``trace_pipe``) in batches.
+
+    The thread is not a :class:`threading.Thread`: the program must not see it
+    (``threading.enumerate()``, ``active_count()``). It is stopped around the program's
+    ``os.fork()``: so the child inherits no lock it holds, and Python sees no other thread
+    and has no reason to warn that forking a multi-threaded process is unsafe.
+    """
 
     def __init__(self) -> None:
-        self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
+        self._done: Any = None  # a lock held while the thread runs: joining is acquiring it
+        self._stopping = False
+        self._running = False
+        self._pid = os.getpid()
         self.error: BaseException | None = None
 
     def start(self, fs: Tracefs) -> None:
         self.fs = fs
-        self._thread = threading.Thread(target=self._run, name="rethook-drain", daemon=True)
-        self._thread.start()
+        self._pipe = fs.ctx.buffer.pipe()
+        self._spawn()
+        os.register_at_fork(before=self._before_fork, after_in_parent=self._after_fork_parent,
+                            after_in_child=self._after_fork_child)
 
-    def _run(self) -> None:
-        pipe = self.fs.ctx.buffer.pipe()
+    def _spawn(self) -> None:
+        self._stopping = False
+        self._done = _thread.allocate_lock()
+        self._done.acquire()
+        self._running = True
+        _thread.start_new_thread(self._run, (self._done,))
+
+    def _join(self, until_gone: bool = False) -> None:
+        if self._running:
+            self._stopping = True
+            self._pipe.close()  # wakes a read that is waiting
+            self._done.acquire()
+            self._done.release()
+            self._running = False
+            if until_gone:
+                _wait_thread_gone(self._native_id)
+
+    def _run(self, done: Any) -> None:
+        self._native_id = threading.get_native_id()
         try:
-            while not self._stop.is_set():
-                items = pipe.read(DRAIN_POLL_SECONDS)
-                if items:
-                    self.consume(items)
+            with notrace():
+                _unhush_fork_warning()
+            while not self._stopping:
+                # rethook's own work: the stdlib code it runs is not the program's (-l '*').
+                # Not one notrace() around the loop: a sweep waits for notrace sections.
+                with notrace():
+                    items = self._pipe.read(DRAIN_POLL_SECONDS)
+                    if items:
+                        self.consume(items)
         except BaseException as e:  # noqa: BLE001 - reported by finish(), in the main thread
             self.error = e
+        finally:
+            done.release()
+
+    # The at-fork hooks and stop() run in the program's threads, with tracing on: what they
+    # do is rethook's work, not the program's.
+    def _before_fork(self) -> None:
+        with notrace():
+            self._paused = os.getpid() == self._pid and self._running
+            if self._paused:
+                self._join(until_gone=True)
+                _hush_fork_warning()
+
+    def _after_fork_parent(self) -> None:
+        with notrace():
+            if self._paused and self.error is None:
+                self._pipe = self.fs.ctx.buffer.pipe()  # the old one is closed
+                self._spawn()
+
+    def _after_fork_child(self) -> None:
+        with notrace():
+            _unhush_fork_warning()
+
+    def stop(self, fs: Tracefs) -> None:
+        """The program is over: end the thread (finish() takes what is left)."""
+        with notrace():
+            self._join()
 
     def _drain_rest(self) -> None:
-        """Stop the thread, then consume what is left (tracing is off by now)."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
+        """Consume what is left (tracing is off by now)."""
         if self.error is not None:
             return
-        pipe = self.fs.ctx.buffer.pipe()
-        while items := pipe.read(0):
-            self.consume(items)
+        with notrace():
+            pipe = self.fs.ctx.buffer.pipe()
+            while items := pipe.read(0):
+                self.consume(items)
 
     def consume(self, items: list) -> None:
         raise NotImplementedError
+
+
+#: Python's warning on ``os.fork()`` in a process with several threads.
+_FORK_WARNING = r"This process \(pid=\d+\) is multi-threaded, use of fork\(\) may lead"
+_hushed: list[tuple] = []
+
+
+def _os_threads() -> int | None:
+    """How many threads the OS says this process has (Linux), as Python's fork warning
+    counts them; None where that cannot be read."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[17])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _hush_fork_warning() -> None:
+    """The program forks with only its one thread: Python 3.13+ would still warn, because it
+    counts threads after the at-fork hooks, which restart the drain thread. Hide that one
+    warning (the drain thread lifts the filter as soon as it runs)."""
+    if sys.version_info >= (3, 13) and _os_threads() == 1:
+        warnings.filterwarnings("ignore", message=_FORK_WARNING, category=DeprecationWarning)
+        _hushed.append(warnings.filters[0])
+
+
+def _unhush_fork_warning() -> None:
+    while _hushed:
+        entry = _hushed.pop()
+        try:
+            warnings.filters.remove(entry)
+        except ValueError:
+            continue  # the program reset the filters meanwhile
+        mutated = getattr(warnings, "_filters_mutated", None)
+        if mutated is not None:
+            mutated()  # as filterwarnings() does: cached decisions are stale
+
+
+def _wait_thread_gone(native_id: int, limit: float = 0.2) -> None:
+    """Wait (briefly) until a thread that has finished its function is gone from the OS too:
+    Python's fork warning counts the threads the OS still lists (on Linux)."""
+    task = f"/proc/self/task/{native_id}"
+    deadline = time.monotonic() + limit
+    while os.path.exists(task) and time.monotonic() < deadline:
+        time.sleep(0.0005)
 
 
 class Recorder(_Drain):
@@ -407,15 +519,11 @@ class Recorder(_Drain):
                 writer.write_stats(fs.ctx.buffer.stats())
                 writer.set_meta("end_time", time.time())
                 writer.close()
+            self.size = os.fstat(self._file.fileno()).st_size  # the program may have chdir'd
         finally:
             self._file.close()
-        totals = fs.ctx.buffer.totals()
         self.events = writer.events_written
-        self.lost = totals.lost
-        try:
-            self.size = os.path.getsize(self.path)
-        except OSError:
-            self.size = 0
+        self.lost = fs.ctx.buffer.totals().lost
 
     def summary(self) -> str:
         """``rethook: 12,345 events (0 lost) written to trace.dat (123.4 KB)``."""
@@ -424,20 +532,30 @@ class Recorder(_Drain):
 
 
 class Streamer(_Drain):
-    """Prints events while the program runs, in the tracer's text format (``trace_pipe``)."""
+    """Prints events while the program runs, in the tracer's text format (``trace_pipe``).
+
+    Lines go straight to the output's file descriptor, one ``write`` per batch, never
+    through the program's ``sys.stdout``: flushing that from another thread would push out
+    the program's half-written lines and change how its output is buffered.
+    """
 
     def __init__(self, out: IO[str] | None = None) -> None:
         super().__init__()
         self.out = out
-        self._lock = threading.Lock()
+        self._fd: int | None = None
         self.lines = 0
 
     def start(self, fs: Tracefs) -> None:
-        if self.out is None:
-            self.out = sys.stdout
+        out = self.out if self.out is not None else sys.stdout
+        try:
+            out.flush()  # what was printed before the program belongs before its events
+            self._fd = os.dup(out.fileno())  # ours, even if the program closes its stdout
+        except (OSError, ValueError, AttributeError):
+            self._fd = None  # no file descriptor (a StringIO...): write to the stream
+        self.out = out
         self.threads = Threads(fs.ctx.buffer.threads())
         self.renderer = renderer_for(fs.tracer.name, fs.ctx.formats, self.threads,
-                                     fs.ctx.options.as_dict())
+                                     fs.ctx.options.as_dict(), describe=fs.describe())
         super().start(fs)
 
     def consume(self, items: list) -> None:
@@ -447,16 +565,26 @@ class Streamer(_Drain):
 
     def _emit(self, lines: Iterable[str]) -> None:
         text = "".join(line + "\n" for line in lines)
-        if text:
+        if not text:
+            return
+        self.lines += text.count("\n")
+        if self._fd is None:
             assert self.out is not None
-            with self._lock:
-                self.lines += text.count("\n")
-                self.out.write(text)
-                self.out.flush()
+            self.out.write(text)
+            self.out.flush()
+            return
+        data = text.encode(getattr(self.out, "encoding", None) or "utf-8", "backslashreplace")
+        while data:
+            data = data[os.write(self._fd, data):]
 
     def finish(self, fs: Tracefs) -> None:
-        self._drain_rest()
-        self._emit(self.renderer.flush())
+        try:
+            self._drain_rest()
+            self._emit(self.renderer.flush())
+        finally:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
 
 
 class ProfileObserver(Observer):
@@ -492,6 +620,7 @@ def trace_meta(fs: Tracefs, program: Program, filters: list[str],
         "notrace": list(settings.notrace),
         "graph_function": list(settings.graph_functions),
         "graph_notrace": list(settings.graph_notrace),
+        "probe_events": dict(fs.dynamic.printed),
         "max_graph_depth": fs.ctx.max_graph_depth,
         "tracing_thresh_us": fs.ctx.tracing_thresh_ns // 1000,
         "buffer_size_kb": fs.ctx.buffer.size_kb,
@@ -531,13 +660,17 @@ class Session:
         for obs in observers:
             obs.start(fs)
         outcome = Outcome()
+        # outermost: the code of the frame an uncaught exception's traceback starts at
+        run, outermost = _runner(program, globals_)
         fs.write("tracing_on", "1")
         try:
-            exec(program.code, globals_)
+            run()
         except SystemExit as e:
-            outcome.exit_code = _exit_status(e)
+            with notrace():  # what the interpreter does, not the program: not traced
+                outcome.exit_code = _exit_status(e)
         except BaseException as e:  # noqa: BLE001 - the program's uncaught exception
-            _print_uncaught(e, program.code)
+            with notrace():
+                _print_uncaught(e, outermost)
             outcome.exit_code = 1
             outcome.interrupted = isinstance(e, KeyboardInterrupt)
         # What Python's finalization does next, still traced: wait for non-daemon threads
@@ -549,6 +682,9 @@ class Session:
         except KeyboardInterrupt:
             outcome.interrupted = True
             outcome.exit_code = outcome.exit_code or 1
+        if os.getpid() == pid:
+            for obs in observers:
+                obs.stop(fs)
         fs.close()  # calls still open now (daemon threads) are delivered as unfinished
         fs.write("tracing_on", "0")
         if os.getpid() != pid:
@@ -578,6 +714,38 @@ class Session:
         sys.argv = program.argv
         _set_path0(program.path0)
         return g
+
+
+def _runner(program: Program, globals_: dict[str, Any]
+            ) -> tuple[Callable[[], None], types.CodeType]:
+    """How to start the program, and the code of its outermost frame.
+
+    A script's code is executed in its ``__main__``. A ``-m`` module runs as Python runs it,
+    through runpy, so its frames (and an uncaught exception's traceback, which starts in
+    ``<frozen runpy>``) are Python's; runpy is handed the code compiled and registered
+    already.
+    """
+    import runpy
+
+    code, spec = program.code, program.spec
+    assert code is not None
+    run_main = getattr(runpy, "_run_module_as_main", None)
+    find = getattr(runpy, "_get_module_details", None)
+    if spec is None or run_main is None or find is None:
+        return (lambda: exec(code, globals_)), code
+
+    def found(mod_name: str, error: type = ImportError) -> tuple:
+        runpy._get_module_details = find  # once: runpy is the program's again
+        return spec.name, spec, code
+
+    def run() -> None:
+        runpy._get_module_details = found
+        try:
+            run_main(program.module, alter_argv=True)
+        finally:
+            runpy._get_module_details = find
+
+    return run, run_main.__code__
 
 
 def _exit_status(e: SystemExit) -> int:

@@ -17,6 +17,9 @@ import click
 from rethook.session import TraceSettings
 from rethook.tracers import TRACERS
 
+#: Default ``-b`` of record and stream (KiB per thread): about 64k events.
+RECORD_BUFFER_KB = 8192
+
 #: Options that name a module to run; what follows them is the module's arguments.
 MODULE_OPTS = ("-m", "--module")
 
@@ -79,48 +82,68 @@ def module_option(f: Callable[..., Any]) -> Callable[..., Any]:
                              "the arguments after it are the module's.")(f)
 
 
-def filter_options(f: Callable[..., Any]) -> Callable[..., Any]:
-    """-l, -n and -O: what every command that runs a program accepts."""
-    decorators = [
-        click.option("-l", "filters", multiple=True, metavar="FILTER",
-                     help="Trace only functions matching FILTER (set_ftrace_filter, appended; "
-                          "ftrace syntax: 'name', 'glob*', '*:mod:MODULE', '!glob'). "
-                          "Repeatable. Default: the program's own code (its __main__ and the "
-                          "modules it imports from its own directory or package)."),
-        click.option("-n", "notrace", multiple=True, metavar="FILTER",
-                     help="Do not trace functions matching FILTER (set_ftrace_notrace). "
-                          "Repeatable."),
-        click.option("-O", "options", multiple=True, metavar="OPTION",
-                     help="Set trace option OPTION, or clear it with noOPTION "
-                          "(e.g. -O funcgraph-retval, -O nofuncgraph-duration). Repeatable; "
-                          "see 'rethook list -o'."),
-    ]
-    for deco in reversed(decorators):
-        f = deco(f)
-    return f
+def _tracer_option() -> Callable[..., Any]:
+    return click.option("-p", "tracer", type=click.Choice(list(TRACERS)), default="function_graph",
+                        show_default=True, metavar="TRACER",
+                        help=f"The tracer (current_tracer): {', '.join(TRACERS)}.")
 
 
-def graph_options(f: Callable[..., Any]) -> Callable[..., Any]:
-    """The tracer and its controls: record and stream."""
-    decorators = [
-        click.option("-p", "tracer", type=click.Choice(list(TRACERS)), default="function_graph",
-                     show_default=True, help="The tracer (current_tracer)."),
-        click.option("-g", "graph_functions", multiple=True, metavar="FILTER",
-                     help="function_graph: graph only calls under functions matching FILTER "
-                          "(set_graph_function). They must be traced too (see -l). Repeatable."),
-        click.option("--graph-notrace", "graph_notrace", multiple=True, metavar="FILTER",
-                     help="function_graph: leave out functions matching FILTER and everything "
-                          "they call (set_graph_notrace). Repeatable."),
-        click.option("--max-graph-depth", type=click.IntRange(min=0), metavar="N",
-                     help="function_graph: record calls only down to depth N (0: no limit)."),
-        click.option("--tracing-thresh", type=click.IntRange(min=0), metavar="USECS",
-                     help="function_graph: record only calls longer than USECS microseconds."),
-        click.option("-b", "buffer_kb", type=click.IntRange(min=1), metavar="KB",
-                     help="Ring buffer size per thread, in KiB (buffer_size_kb). Default 1408."),
-    ]
-    for deco in reversed(decorators):
-        f = deco(f)
-    return f
+_FILTER_OPTIONS = [
+    click.option("-l", "filters", multiple=True, metavar="FILTER",
+                 help="Trace only functions matching FILTER (set_ftrace_filter, appended; "
+                      "ftrace syntax: 'name', 'glob*', '*:mod:MODULE', '!glob'). Repeatable. "
+                      "Default: the program's own code (its __main__ and the modules it "
+                      "imports from its own directory or package)."),
+    click.option("-n", "notrace", multiple=True, metavar="FILTER",
+                 help="Do not trace functions matching FILTER (set_ftrace_notrace). "
+                      "Repeatable."),
+]
+
+_GRAPH_OPTIONS = [
+    click.option("-g", "graph_functions", multiple=True, metavar="FILTER",
+                 help="function_graph: graph only calls under functions matching FILTER "
+                      "(set_graph_function). They must be traced too (see -l). Repeatable."),
+    click.option("--graph-notrace", "graph_notrace", multiple=True, metavar="FILTER",
+                 help="function_graph: leave out functions matching FILTER and everything "
+                      "they call (set_graph_notrace). Repeatable."),
+]
+
+_EVENT_OPTION = click.option(
+    "-e", "events", multiple=True, metavar="PROBE",
+    help="Define a probe event and enable it (dynamic_events syntax: "
+         "'p:GRP/NAME FUNC ARG=FETCH...' at entry, 'r:GRP/NAME FUNC ret=$retval' at return, "
+         "'f:...'). Repeatable.")
+
+_OPTION_OPTION = click.option(
+    "-O", "options", multiple=True, metavar="OPTION",
+    help="Set trace option OPTION, or clear it with noOPTION (e.g. -O funcgraph-retval, "
+         "-O nofuncgraph-duration). Repeatable; see 'rethook list -o'.")
+
+_LIMIT_OPTIONS = [
+    click.option("--max-graph-depth", type=click.IntRange(min=0), metavar="N",
+                 help="function_graph: record calls only down to depth N (0: no limit)."),
+    click.option("--tracing-thresh", type=click.IntRange(min=0), metavar="USECS",
+                 help="function_graph: record only calls longer than USECS microseconds."),
+    click.option("-b", "buffer_kb", type=click.IntRange(min=1), metavar="KB",
+                 default=RECORD_BUFFER_KB, show_default=True,
+                 help="Ring buffer size per thread, in KiB (buffer_size_kb). Larger than the "
+                      "kernel's 1408: the thread that saves events shares the GIL with the "
+                      "program, so the buffer must absorb longer bursts."),
+]
+
+
+def trace_options(graph: bool = True) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The trace flags, in trace-cmd's order: record and stream take them all (``graph``),
+    profile only the filters and -O."""
+    chosen = ([_tracer_option(), *_FILTER_OPTIONS, *_GRAPH_OPTIONS, _EVENT_OPTION,
+               _OPTION_OPTION, *_LIMIT_OPTIONS] if graph else [*_FILTER_OPTIONS, _OPTION_OPTION])
+
+    def decorate(f: Callable[..., Any]) -> Callable[..., Any]:
+        for deco in reversed(chosen):
+            f = deco(f)
+        return f
+
+    return decorate
 
 
 def settings_from(params: dict[str, Any], tracer: str | None = None) -> TraceSettings:
@@ -131,6 +154,7 @@ def settings_from(params: dict[str, Any], tracer: str | None = None) -> TraceSet
         notrace=list(params.get("notrace", ())),
         graph_functions=list(params.get("graph_functions", ())),
         graph_notrace=list(params.get("graph_notrace", ())),
+        events=list(params.get("events", ())),
         options=list(params.get("options", ())),
         max_graph_depth=params.get("max_graph_depth"),
         tracing_thresh=params.get("tracing_thresh"),

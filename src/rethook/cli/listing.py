@@ -2,14 +2,16 @@
 
 Functions are listed without running the program: the script is compiled (its functions are
 registered as ``__main__.*``) and the modules its top-level statements import are imported, so
-their functions are known too. With ``-m MODULE``, the module is imported (not run as
-``__main__``) and its functions listed.
+their functions are known too. ``-m MODULE`` does the same for a module (or a package's
+``__init__``), whose functions keep the module's name; a module that is already imported is
+listed as it is.
 """
 
 from __future__ import annotations
 
 import ast
 import importlib
+import importlib.util
 import sys
 
 from rethook.engine.filters import FilterError, FunctionFilter
@@ -60,12 +62,12 @@ def function_names(module: str | None, program: tuple[str, ...], glob: str) -> l
     """Names of the traceable functions of a program (or module) matching ``glob``."""
     registry = default_registry()
     if module is not None:
-        roots = _import_module(module)
+        roots = _module_roots(module)
     else:
         prog = Program(script=program[0], args=program[1:])
         code = prog.load()
         registry.add_code(code, "__main__")
-        roots = ["__main__", *_import_top_level(prog.path)]
+        roots = ["__main__", *_import_top_level(prog.path, None)]
     try:
         chosen = FunctionFilter([glob], registry=registry).select_infos()
     except FilterError as e:
@@ -81,20 +83,32 @@ def _within(info: FunctionInfo, roots: list[str]) -> bool:
     return any(m == r or m.startswith(r + ".") for r in roots)
 
 
-def _import_module(name: str) -> list[str]:
+def _module_roots(name: str) -> list[str]:
+    """Register a module's functions without running it; returns the modules to list."""
+    if name in sys.modules:
+        return [name]
     try:
+        spec = importlib.util.find_spec(name)
+    except Exception as e:  # noqa: BLE001 - a missing or failing parent package
+        raise ListError(f"-m {name!r}: {type(e).__name__}: {e}") from None
+    if spec is None:
+        raise ListError(f"-m {name!r}: no module named {name!r}")
+    loader = spec.loader
+    code = loader.get_code(name) if loader is not None and hasattr(loader, "get_code") else None
+    if code is None or spec.origin is None:  # a namespace package, a builtin
         importlib.import_module(name)
-    except ImportError as e:
-        raise ListError(f"-m {name!r}: {e}") from None
-    return [name]
+        return [name]
+    default_registry().add_code(code, name)
+    package = name if spec.submodule_search_locations is not None else spec.parent
+    return [name, *_import_top_level(spec.origin, package)]
 
 
-def _import_top_level(path: str) -> list[str]:
-    """Import what the script's top-level statements import; returns the module names.
+def _import_top_level(path: str, package: str | None) -> list[str]:
+    """Import what a source file's top-level statements import; returns the module names.
 
     Only statements at the top level (including inside ``if``/``try`` blocks there), since
     those are what the program certainly imports; one that fails to import is skipped with a
-    note on stderr.
+    note on stderr. Relative imports are resolved against ``package``.
     """
     with open(path, "rb") as f:
         tree = ast.parse(f.read(), path)
@@ -104,9 +118,21 @@ def _import_top_level(path: str) -> list[str]:
         node = todo.pop(0)
         if isinstance(node, ast.Import):
             names += [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.append(node.module)
-            names += [f"{node.module}.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                if not package:
+                    continue
+                try:
+                    base = importlib.util.resolve_name("." * node.level + (node.module or ""),
+                                                       package)
+                except ImportError:
+                    continue
+            elif node.module:
+                base = node.module
+            else:
+                continue
+            names.append(base)
+            names += [f"{base}.{alias.name}" for alias in node.names]
         elif isinstance(node, (ast.If, ast.Try, ast.With)):
             for body in ("body", "orelse", "finalbody", "handlers"):
                 for child in getattr(node, body, ()):

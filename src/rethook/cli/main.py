@@ -12,6 +12,7 @@ missing script or module) exit with 2; a damaged trace file or a failed write ex
 from __future__ import annotations
 
 import os
+import platform
 import signal
 import sys
 import tempfile
@@ -22,12 +23,12 @@ import click
 import rethook
 from rethook.cli.args import (
     ProgramCommand,
-    filter_options,
-    graph_options,
     module_option,
     program_argument,
     settings_from,
+    trace_options,
 )
+from rethook.control.tracefs import Tracefs
 from rethook.session import (
     Outcome,
     ProfileObserver,
@@ -52,7 +53,7 @@ def _version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
 
     engine = get_engine().core.name
     click.echo(f"rethook {rethook.__version__} (engine: {engine} core, "
-               f"{sys.implementation.name} {sys.version.split()[0]})")
+               f"{platform.python_implementation()} {platform.python_version()})")
     ctx.exit()
 
 
@@ -91,16 +92,19 @@ def _load(ctx: click.Context, program: Program) -> None:
     except ProgramError as e:
         raise click.UsageError(str(e), ctx) from None
     except SyntaxError as e:
-        # as python prints it (no traceback: nothing ran), and python's status for it
-        sys.excepthook(type(e), e, None)
-        sys.exit(1)
+        _syntax_error(e)
+
+
+def _syntax_error(e: SyntaxError) -> NoReturn:
+    """As python reports a script that does not compile: no traceback, status 1."""
+    e.__traceback__ = None
+    sys.excepthook(type(e), e, None)
+    sys.exit(1)
 
 
 def _prepare(ctx: click.Context, program: Program, settings: TraceSettings,
-             tracer: bool = True) -> tuple[Any, list[str]]:
+             tracer: bool = True) -> tuple[Tracefs, list[str]]:
     """Load the program, register its code, and configure a Tracefs for it (tracing off)."""
-    from rethook.control.tracefs import Tracefs
-
     _load(ctx, program)
     fs = Tracefs()
     assert program.code is not None
@@ -139,8 +143,7 @@ def _stderr(text: str) -> None:
 
 
 @cli.command(cls=ProgramCommand, context_settings=CONTEXT)
-@graph_options
-@filter_options
+@trace_options()
 @click.option("-o", "output", default="trace.dat", show_default=True, metavar="FILE",
               help="Write the trace to FILE.")
 @module_option
@@ -185,8 +188,7 @@ def _record(ctx: click.Context, prog: Program, settings: TraceSettings, output: 
 
 
 @cli.command(cls=ProgramCommand, context_settings=CONTEXT)
-@graph_options
-@filter_options
+@trace_options()
 @module_option
 @program_argument
 @click.pass_context
@@ -210,7 +212,7 @@ def stream(ctx: click.Context, module: str | None, program: tuple[str, ...],
 
 
 @cli.command(cls=ProgramCommand, context_settings=CONTEXT)
-@filter_options
+@trace_options(graph=False)
 @module_option
 @program_argument
 @click.pass_context
@@ -353,8 +355,7 @@ def list_(ctx: click.Context, tracers: bool, options: bool, functions: str | Non
         except (ProgramError, listing.ListError) as e:
             raise click.UsageError(str(e), ctx) from None
         except SyntaxError as e:
-            sys.excepthook(type(e), e, None)
-            sys.exit(1)
+            _syntax_error(e)
         if out:
             out.append("")
         out += names

@@ -102,6 +102,11 @@ _getframe = sys._getframe
 _now = time.perf_counter_ns
 
 
+#: ``ThreadState.busy`` is false, True (1: in the core or a handler: sweeps wait for it to
+#: clear) or has NOTRACE set (rethook's own work: events are ignored, sweeps need not wait).
+NOTRACE = 2
+
+
 class ThreadState:
     """One thread's shadow stack and counters (the kernel's ``current->ret_stack``)."""
 
@@ -110,7 +115,7 @@ class ThreadState:
 
     def __init__(self, tid: int) -> None:
         self.stack: list = []
-        self.busy = False  # a handler (or the core itself) is running on this thread
+        self.busy: bool | int = False  # a handler or the core runs here (or NOTRACE: below)
         self.waiting = False  # held at the start of a transition by an engine sweep
         self.tid = tid
         self.recursion = 0  # events skipped because a handler was running
@@ -202,7 +207,7 @@ def _new_thread_state() -> ThreadState:
     # thread threading does not know (one running a finaliser at shutdown, say).
     thread = threading._active.get(tid)  # type: ignore[attr-defined]
     if thread is not None and thread.name.startswith(OWN_THREAD_PREFIX):
-        ts.busy = True  # for good: see OWN_THREAD_PREFIX
+        ts.busy = NOTRACE  # for good: see OWN_THREAD_PREFIX
     _local.ts = ts
     _local.guard = _ThreadEndGuard(ts)
     with _threads_lock:
@@ -251,7 +256,7 @@ class notrace:
             ts = _new_thread_state()
         self.ts = ts
         self.prev = ts.busy
-        ts.busy = True
+        ts.busy = ts.busy | NOTRACE
 
     def __exit__(self, *exc: object) -> None:
         self.ts.busy = self.prev

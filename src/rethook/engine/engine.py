@@ -506,7 +506,7 @@ class Engine:
                 continue
             t0 = time.monotonic()
             warned = False
-            while ts.busy and not ts.waiting:
+            while ts.busy & 1 and not ts.waiting:  # NOTRACE alone: not in the core
                 time.sleep(0.0002)
                 if not warned and time.monotonic() - t0 > QUIESCE_WARN_SECONDS:
                     warned = True

@@ -65,6 +65,16 @@ class GraphOps(FgraphOps):
         self.wants_frame = self.args
         self.name_of = ctx.registry.name
         self._local = threading.local()
+        # Roots and notrace functions in modules imported later join as they load.
+        self.unsubscribe = ctx.registry.subscribe(self._new_functions)
+
+    def _new_functions(self, infos: list) -> None:
+        ctx = self.ctx
+        for info in infos:
+            if self.roots is not None and ctx.graph_function.matches(info):
+                self.roots[id(info.code)] = info.code
+            if self.skip is not None and ctx.graph_notrace.matches(info):
+                self.skip[id(info.code)] = info.code
 
     def _state(self) -> _ThreadState:
         try:
@@ -178,5 +188,6 @@ class FunctionGraphTracer(Tracer):
 
     def stop(self) -> None:
         if self.ops is not None:
+            self.ops.unsubscribe()
             self.ctx.engine.unregister_ftrace_graph(self.ops)
             self.ops = None

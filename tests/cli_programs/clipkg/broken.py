@@ -1,0 +1,8 @@
+"""``python -m clipkg.broken``: an uncaught exception, whose traceback starts in runpy."""
+
+
+def fail():
+    raise LookupError("nothing here")
+
+
+fail()

@@ -1,0 +1,583 @@
+"""End-to-end tests of the ``rethook`` command line: real subprocesses running real programs.
+
+Programs live in tests/cli_programs. A traced run must look, from the outside, exactly like a
+plain ``python`` run (stdout, stderr but rethook's summary line, exit status); reports are
+compared line for line after normalising durations, timestamps and thread ids, nothing else.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PROGRAMS = Path(__file__).parent / "cli_programs"
+SUMMARY = re.compile(r"^rethook: ([\d,]+) events \(([\d,]+) lost\) (written to|streamed)")
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    # PYTHONUNBUFFERED would let `stream` lines land between the pieces one print() writes
+    for name in ("PYTHONPATH", "PYTHONWARNINGS", "PYTHONSTARTUP", "PYTHONINSPECT",
+                 "PYTHONUNBUFFERED"):
+        env.pop(name, None)
+    env["PYTHONIOENCODING"] = "utf-8"
+    return env
+
+
+def run(*args: str, cwd: Path = PROGRAMS) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, *args], cwd=cwd, env=_env(), capture_output=True,
+                          text=True, timeout=120)
+
+
+def rethook(*args: str, cwd: Path = PROGRAMS) -> subprocess.CompletedProcess[str]:
+    return run("-m", "rethook", *args, cwd=cwd)
+
+
+def strip_summary(stderr: str) -> tuple[str, list[str]]:
+    """stderr without rethook's own lines (the summary, notes), and the summary line."""
+    lines = stderr.splitlines(keepends=True)
+    summary = [line for line in lines if SUMMARY.match(line)]
+    assert len(summary) == 1, stderr
+    rest = "".join(line for line in lines if not line.startswith("rethook: "))
+    return rest, summary
+
+
+DURATION = re.compile(r"(?<=[)|] )[ +!#*@$] +\d+\.\d+ us +\|")
+TIMESTAMP = re.compile(r" +\d+\.\d{6}\b")
+TASK_PID = re.compile(r"(?<=[A-Za-z_])-\d+\b( +(?=\[))?")  # with the tid's padding
+PROC_COLUMN = re.compile(r"(?<=\)) +([^ |]+-<tid>) +(?=\|)")
+
+
+def normalise(text: str) -> list[str]:
+    """Report lines with durations, timestamps and thread ids replaced (nothing else)."""
+    out = []
+    for line in text.splitlines():
+        line = DURATION.sub("<dur> |", line)
+        line = TIMESTAMP.sub(" <ts>", line)
+        line = TASK_PID.sub(lambda m: "-<tid> " if m.group(1) else "-<tid>", line)
+        line = PROC_COLUMN.sub(r" \1 ", line)  # centred: its padding depends on the tid's width
+        out.append(line)
+    return out
+
+
+def record_report(tmp_path: Path, *flags: str, program: str = "golden.py",
+                  report_flags: tuple[str, ...] = ()) -> list[str]:
+    out = tmp_path / "t.dat"
+    rec = rethook("record", "-o", str(out), *flags, program)
+    assert rec.returncode == 0, rec.stderr
+    rep = rethook("report", "-i", str(out), *report_flags)
+    assert rep.returncode == 0, rep.stderr
+    assert rep.stderr == ""
+    return normalise(rep.stdout)
+
+
+GRAPH_HEADER = [
+    "# tracer: function_graph",
+    "#",
+    "# CPU  DURATION                  FUNCTION CALLS",
+    "# |     |   |                     |   |   |   |",
+]
+
+
+# --- the program runs as python would run it ------------------------------------------------
+@pytest.mark.parametrize("argv", [
+    ["argv_prog.py", "-x", "--y", "--", "-m", "z"],
+    ["exit3.py"],
+    ["exit_msg.py"],
+    ["raises.py"],
+    ["threads_prog.py"],
+    ["async_prog.py"],
+    ["gen_prog.py"],
+    pytest.param(["forking.py"], marks=pytest.mark.skipif(not hasattr(os, "fork"),
+                                                          reason="no os.fork")),
+    ["-m", "clipkg.tool", "a", "-v", "--fail"],
+    ["-m", "clipkg", "--flag"],
+    ["-m", "clipkg.broken"],
+], ids=lambda argv: " ".join(argv))
+def test_traced_run_is_indistinguishable(tmp_path: Path, argv: list[str]) -> None:
+    plain = run(*argv)
+    traced = rethook("record", "-o", str(tmp_path / "t.dat"), *argv)
+    assert traced.stdout == plain.stdout
+    rest, summary = strip_summary(traced.stderr)
+    assert rest == plain.stderr
+    assert traced.returncode == plain.returncode
+    assert f"written to {tmp_path / 't.dat'}" in summary[0]
+
+
+def test_fork_keeps_the_trace_intact(tmp_path: Path) -> None:
+    if not hasattr(os, "fork"):
+        pytest.skip("no os.fork")
+    lines = record_report(tmp_path, program="forking.py")
+    assert lines[4:] == [" 0) <dur> |  __main__.parent();"]  # the child's calls are its own
+
+
+def test_exit_statuses_and_messages(tmp_path: Path) -> None:
+    r = rethook("record", "-o", str(tmp_path / "t.dat"), "exit3.py")
+    assert (r.returncode, r.stdout) == (3, "leaving with 3\n")
+    r = rethook("record", "-o", str(tmp_path / "t.dat"), "exit_msg.py")
+    assert r.returncode == 1
+    assert strip_summary(r.stderr)[0] == "fatal: giving up\n"
+    r = rethook("record", "-o", str(tmp_path / "t.dat"), "raises.py")
+    assert r.returncode == 1
+    err = strip_summary(r.stderr)[0]
+    assert err.startswith("Traceback (most recent call last):\n")
+    assert "rethook" not in err  # no frame of rethook's own
+    assert err.endswith("RuntimeError: cannot load 'x'\n")
+    assert "The above exception was the direct cause of the following exception" in err
+
+
+def test_keyboard_interrupt_exits_like_python(tmp_path: Path) -> None:
+    prog = tmp_path / "ki.py"
+    prog.write_text("def f():\n    raise KeyboardInterrupt\n\n\nf()\n")
+    plain = run(str(prog))
+    traced = rethook("record", "-o", str(tmp_path / "t.dat"), str(prog))
+    assert traced.returncode == plain.returncode  # killed by SIGINT, as python does it
+    assert strip_summary(traced.stderr)[0] == plain.stderr
+
+
+def test_argv_and_main_module(tmp_path: Path) -> None:
+    r = rethook("record", "-o", str(tmp_path / "t.dat"), "argv_prog.py", "-o", "x", "--", "-l")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [
+        "argv: ['argv_prog.py', '-o', 'x', '--', '-l']",
+        "name: __main__",
+        f"file: {PROGRAMS / 'argv_prog.py'}",
+        "spec: None",
+        "package: None",
+        "path0 is script dir: True",
+        "main module: True",
+        "threads: 1",  # rethook's own thread is invisible to the program
+    ]
+    # '--' before the script is rethook's, not the program's
+    r = rethook("record", "-o", str(tmp_path / "t.dat"), "--", "argv_prog.py", "-p")
+    assert r.stdout.splitlines()[0] == "argv: ['argv_prog.py', '-p']"
+
+
+def test_default_filter_never_means_everything(tmp_path: Path) -> None:
+    r = rethook("record", "-o", str(tmp_path / "t.dat"), "nofuncs.py")
+    assert (r.returncode, r.stdout) == (0, "45\n")
+    note, summary = r.stderr.splitlines()
+    assert note == ("rethook: the program defines no functions of its own: nothing is traced "
+                    "(choose functions with -l)")
+    assert summary.startswith(f"rethook: 0 events (0 lost) written to {tmp_path / 't.dat'} (")
+
+
+def test_module_run(tmp_path: Path) -> None:
+    r = rethook("record", "-o", str(tmp_path / "t.dat"), "-m", "clipkg.tool", "-p", "x")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [
+        "tool 1.0 ['-p', 'x']",
+        "name: __main__ spec: clipkg.tool package: clipkg",
+        "argv0 is file: True",
+        "path0 is cwd: True",
+    ]
+    rep = rethook("report", "-i", str(tmp_path / "t.dat"))
+    # by default the module's whole top-level package is the program's own code
+    assert normalise(rep.stdout)[4:] == [
+        " 0)               |  __main__.run() {",
+        " 0) <dur> |    clipkg.version();",
+        " 0) <dur> |  }",
+    ]
+
+
+# --- record -> report --------------------------------------------------------------------------
+GOLDEN = GRAPH_HEADER + [
+    " 0)               |  __main__.main() {",
+    " 0) <dur> |    __main__.Counter.__init__();",
+    " 0) <dur> |    __main__.Counter.bump();",
+    " 0)               |    __main__.fib() {",
+    " 0)               |      __main__.fib() {",
+    " 0) <dur> |        __main__.fib();",
+    " 0) <dur> |        __main__.fib();",
+    " 0) <dur> |      }",
+    " 0) <dur> |      __main__.fib();",
+    " 0) <dur> |    }",
+    " 0) <dur> |    __main__.Counter.double();",
+    " 0)               |    __main__.safe() {",
+    " 0)               |      __main__.fail() {",
+    " 0) <dur> |        __main__.fail(); /* raised */",
+    " 0) <dur> |      } /* __main__.fail raised */",
+    " 0) <dur> |    }",
+    " 0)               |    helper.twice() {",
+    " 0) <dur> |      helper.inc();",
+    " 0) <dur> |      helper.inc();",
+    " 0) <dur> |    }",
+    " 0) <dur> |  }",
+]
+
+
+def test_record_report_round_trip(tmp_path: Path) -> None:
+    assert record_report(tmp_path) == GOLDEN
+
+
+def test_retval_and_tail_options(tmp_path: Path) -> None:
+    lines = record_report(tmp_path, "-O", "funcgraph-retval", "-O", "funcgraph-tail",
+                          "-l", "fib", "-l", "safe", "-l", "fail")
+    assert lines[4:] == [
+        " 0)               |  __main__.fib() {",
+        " 0)               |    __main__.fib() {",
+        " 0) <dur> |      __main__.fib(); /* = 1 */",
+        " 0) <dur> |      __main__.fib(); /* = 0 */",
+        " 0) <dur> |    } /* __main__.fib = 1 */",
+        " 0) <dur> |    __main__.fib(); /* = 1 */",
+        " 0) <dur> |  } /* __main__.fib = 2 */",
+        " 0)               |  __main__.safe() {",
+        " 0)               |    __main__.fail() {",
+        " 0) <dur> |      __main__.fail(); /* raised ValueError('zero') */",
+        " 0) <dur> |    } /* __main__.fail raised ValueError('zero') */",
+        " 0) <dur> |  } /* __main__.safe = 'caught' */",
+    ]
+
+
+def test_no_duration_option_needs_no_normalising(tmp_path: Path) -> None:
+    out = tmp_path / "t.dat"
+    assert rethook("record", "-o", str(out), "-O", "nofuncgraph-duration", "-l", "helper.*",
+                   "golden.py").returncode == 0
+    rep = rethook("report", "-i", str(out))
+    assert rep.stdout.splitlines() == [
+        "# tracer: function_graph",
+        "#",
+        "# CPU               FUNCTION CALLS",
+        "# |                 |   |   |   |",
+        " 0) helper.twice() {",
+        " 0)   helper.inc();",
+        " 0)   helper.inc();",
+        " 0) }",
+    ]
+
+
+def test_notrace_graph_function_and_depth(tmp_path: Path) -> None:
+    # -n: the function and only it disappears (what it calls is still traced)
+    lines = record_report(tmp_path, "-n", "__main__.safe", "-n", "helper.twice")
+    assert " 0)               |    __main__.fail() {" in lines
+    assert not [line for line in lines if "safe" in line or "twice" in line]
+    # -g: only what runs under the graph function
+    assert record_report(tmp_path, "-g", "__main__.safe")[4:] == [
+        " 0)               |  __main__.safe() {",
+        " 0)               |    __main__.fail() {",
+        " 0) <dur> |      __main__.fail(); /* raised */",
+        " 0) <dur> |    } /* __main__.fail raised */",
+        " 0) <dur> |  }",
+    ]
+    # --max-graph-depth 1: main and nothing below
+    assert record_report(tmp_path, "--max-graph-depth", "1")[4:] == [
+        " 0) <dur> |  __main__.main();",
+    ]
+    # -l with ftrace's glob and :mod: syntax
+    assert record_report(tmp_path, "-l", "*:mod:helper")[4:] == [
+        " 0)               |  helper.twice() {",
+        " 0) <dur> |    helper.inc();",
+        " 0) <dur> |    helper.inc();",
+        " 0) <dur> |  }",
+    ]
+
+
+def test_probe_events(tmp_path: Path) -> None:
+    lines = record_report(tmp_path, "-l", "helper.*", "-e", "p:cli/inc helper.inc x",
+                          "-e", "r:cli/twice helper.twice ret=$retval")
+    assert lines[4:] == [
+        " 0)               |  helper.twice() {",
+        " 0)               |    /* inc: (helper.inc+4) x=4 */",
+        " 0) <dur> |    helper.inc();",
+        " 0)               |    /* inc: (helper.inc+4) x=4 */",
+        " 0) <dur> |    helper.inc();",
+        " 0) <dur> |  }",
+        " 0)               |  /* twice: (__main__.main+39 <- helper.twice) ret=10 */",
+    ]
+
+
+def test_report_display_overrides(tmp_path: Path) -> None:
+    lines = record_report(tmp_path, "-l", "helper.inc", report_flags=("-O", "funcgraph-proc"))
+    assert lines == [
+        "# tracer: function_graph",
+        "#",
+        "# CPU  TASK/PID         DURATION                  FUNCTION CALLS",
+        "# |     |    |         |   |                     |   |   |   |",
+        " 0) MainThr-<tid> | <dur> |  helper.inc();",
+        " 0) MainThr-<tid> | <dur> |  helper.inc();",
+    ]
+
+
+def test_function_tracer(tmp_path: Path) -> None:
+    lines = record_report(tmp_path, "-p", "function", "-l", "fib", "-l", "helper.*")
+    assert lines[:6] == [
+        "# tracer: function",
+        "#",
+        "# entries-in-buffer/entries-written: 8/8   #P:1",
+        "#",
+        "#           TASK-PID     CPU#     TIMESTAMP  FUNCTION",
+        "#              | |         |         |         |",
+    ]
+    assert lines[6:] == [
+        "      MainThread-<tid> [000] <ts>: __main__.fib <-__main__.main",
+        "      MainThread-<tid> [000] <ts>: __main__.fib <-__main__.fib",
+        "      MainThread-<tid> [000] <ts>: __main__.fib <-__main__.fib",
+        "      MainThread-<tid> [000] <ts>: __main__.fib <-__main__.fib",
+        "      MainThread-<tid> [000] <ts>: __main__.fib <-__main__.fib",
+        "      MainThread-<tid> [000] <ts>: helper.twice <-__main__.main",
+        "      MainThread-<tid> [000] <ts>: helper.inc <-helper.twice",
+        "      MainThread-<tid> [000] <ts>: helper.inc <-helper.twice",
+    ]
+
+
+def test_generators_async_and_threads_in_report(tmp_path: Path) -> None:
+    lines = record_report(tmp_path, program="gen_prog.py")
+    assert " 0)               |      __main__.count() { /* resumed */" in lines
+    # g.close(): 3.12 throws GeneratorExit in (an exception exit), 3.13.0 fires no event at
+    # all (CPython issue 140373) and the engine finds the call closed
+    assert [line for line in lines
+            if re.fullmatch(r" 0\) <dur> \|    } /\* __main__\.count (closed|raised) \*/", line)]
+    lines = record_report(tmp_path, program="async_prog.py")
+    assert lines.count(" 0)               |  } /* __main__.job suspended */") == 4
+    assert lines.count(" 0)               |  __main__.job() { /* resumed */") == 4
+    lines = record_report(tmp_path, "-l", "square", program="threads_prog.py")
+    calls = [line for line in lines if "__main__.square();" in line]
+    assert len(calls) == 9  # four threads, five pool calls
+    assert len({line.split(")")[0] for line in calls}) >= 3  # several threads
+
+
+def test_trace_metadata(tmp_path: Path) -> None:
+    out = tmp_path / "t.dat"
+    r = rethook("record", "-o", str(out), "-b", "64", "-O", "funcgraph-retval", "golden.py",
+                "arg")
+    assert r.returncode == 0, r.stderr
+    from rethook.buffer.tracefile import TraceReader
+
+    with TraceReader(out) as reader:
+        meta = reader.meta
+        assert meta["tracer"] == "function_graph"
+        assert meta["options"]["funcgraph-retval"] is True
+        assert meta["argv"] == ["golden.py", "arg"]
+        assert meta["buffer_size_kb"] == 64
+        assert meta["filter"] == ["*:mod:__main__", "*:mod:helper"]
+        assert meta["python"] == sys.version.split()[0]
+        assert meta["engine"]
+        assert meta["rethook_version"]
+        assert meta["start_time"] > 0
+        assert sum(1 for _ in reader.events()) == 30
+        assert set(reader.threads.values()) == {"MainThread"}
+
+
+def test_loss_is_counted_never_silent(tmp_path: Path) -> None:
+    prog = tmp_path / "many.py"
+    prog.write_text("def work(i):\n    return i\n\n\nfor i in range(30000):\n    work(i)\n")
+    out = tmp_path / "t.dat"
+    r = rethook("record", "-b", "4", "-o", str(out), str(prog))
+    assert r.returncode == 0, r.stderr
+    (summary,) = [line for line in r.stderr.splitlines() if SUMMARY.match(line)]
+    events, lost = (int(n.replace(",", "")) for n in SUMMARY.match(summary).groups()[:2])
+    assert events + lost == 60000  # every entry and exit is either in the file or counted
+    rep = rethook("report", "-i", str(out))
+    shown = sum(int(n) for n in re.findall(r"\[LOST (\d+) EVENTS\]", rep.stdout))
+    assert shown == lost
+
+
+def test_stream_prints_live(tmp_path: Path) -> None:
+    r = rethook("stream", "-l", "helper.*", "golden.py")
+    assert r.returncode == 0, r.stderr
+    lines = normalise(r.stdout)
+    # the program's own output is untouched (its buffering decides when it appears)
+    assert [line for line in lines if not line.startswith(" 0)")] == ["2 4 caught 10"]
+    assert [line for line in lines if line.startswith(" 0)")] == [
+        " 0)               |  helper.twice() {",
+        " 0) <dur> |    helper.inc();",
+        " 0) <dur> |    helper.inc();",
+        " 0) <dur> |  }",
+    ]
+    rest, summary = strip_summary(r.stderr)
+    assert rest == ""
+    assert summary[0] == "rethook: 6 events (0 lost) streamed\n"
+
+
+# --- profile ------------------------------------------------------------------------------------
+def profile_hits(stdout: str) -> dict[str, int]:
+    rows = {}
+    for line in stdout.splitlines():
+        m = re.match(r"^  (\S+)\s+(\d+)\s+\d", line)
+        if m:
+            rows[m.group(1)] = int(m.group(2))
+    return rows
+
+
+def test_profile_hit_counts() -> None:
+    r = rethook("profile", "profiled.py")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0] == str(55 + 15 + 6)  # the program's own output first
+    assert "  Function" in r.stdout and "Hit    Time            Avg             s^2" in r.stdout
+    assert profile_hits(r.stdout) == {"__main__.fib": 177, "__main__.step": 5, "__main__.gen": 4,
+                                      "__main__.main": 1}
+    self_time = rethook("profile", "-O", "nograph-time", "-l", "fib", "profiled.py")
+    assert self_time.returncode == 0, self_time.stderr
+    assert profile_hits(self_time.stdout) == {"__main__.fib": 177}
+
+
+# --- list ---------------------------------------------------------------------------------------
+def test_list_tracers_and_options() -> None:
+    r = rethook("list", "-t")
+    assert [line.split()[0] for line in r.stdout.splitlines()] == \
+        ["function_graph", "function", "nop"]
+    r = rethook("list", "-o")
+    lines = r.stdout.splitlines()
+    assert lines[0].split() == ["OPTION", "DEFAULT", "USED", "BY"]
+    assert "funcgraph-retval    off      function_graph" in lines
+    assert "graph-time          on       profile" in lines
+    assert "print-parent        on       function" in lines
+    both = rethook("list")
+    assert both.stdout == rethook("list", "-t").stdout + "\n" + r.stdout
+
+
+def test_list_functions() -> None:
+    r = rethook("list", "-f", "--", "golden.py")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [
+        "__main__.Counter.__init__", "__main__.Counter.bump", "__main__.Counter.double",
+        "__main__.fail", "__main__.fib", "__main__.main", "__main__.safe",
+        "helper.inc", "helper.twice",
+    ]
+    r = rethook("list", "-f", "f*", "--", "golden.py")
+    assert r.stdout.splitlines() == ["__main__.fail", "__main__.fib"]
+    r = rethook("list", "-f", "dump*", "-m", "json")
+    assert r.stdout.splitlines() == ["json.dump", "json.dumps"]
+    # listing a module never runs it (clipkg.tool would print and exit)
+    r = rethook("list", "-f", "-m", "clipkg.tool")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[:2] == ["clipkg.tool.run", "clipkg.version"]
+
+
+# --- errors -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("args, message", [
+    (["record", "-p", "bogus", "golden.py"], "'bogus' is not one of"),
+    (["record", "-O", "bogus", "golden.py"], "-O 'bogus': unknown option 'bogus'"),
+    (["record", "-l", "nosuchfunc", "golden.py"], "-l 'nosuchfunc': no function matches"),
+    (["record", "-n", "nosuchfunc", "golden.py"], "-n 'nosuchfunc': no function matches"),
+    (["record", "-g", "nosuchfunc", "golden.py"], "-g 'nosuchfunc': no function matches"),
+    (["record", "-l", "fib:bogus", "golden.py"], "unknown command 'bogus'"),
+    (["record", "-e", "q:bad", "golden.py"], "-e 'q:bad': dynamic_events: error: Unknown probe"),
+    (["record", "missing.py"], "can't open file 'missing.py'"),
+    (["record", "-m", "no_such_module"], "no module named 'no_such_module'"),
+    (["record", "-m", "clipkg.nope"], "no module named 'clipkg.nope'"),
+    (["record"], "missing program"),
+    (["record", "--bogus", "golden.py"], "No such option '--bogus'"),
+    (["record", "-b", "0", "golden.py"], "Invalid value for '-b'"),
+    (["stream", "-O", "nobogus", "golden.py"], "-O 'nobogus'"),
+    (["profile", "-l", "nosuchfunc", "golden.py"], "-l 'nosuchfunc'"),
+    (["report", "-i", "missing.dat"], "'missing.dat' does not exist"),
+    (["report", "-i", "golden.py", "-O", "bogus"], "bogus"),
+    (["export", "-i", "golden.py", "--format", "svg"], "'svg' is not one of"),
+    (["list", "-f", "nomatch", "--", "golden.py"], "-f 'nomatch': no function matches"),
+    (["list", "-f"], "-f lists the functions of a program"),
+    (["list", "-f", "-m", "no_such_module"], "no_such_module"),
+    (["bogus"], "No such command 'bogus'"),
+], ids=lambda v: " ".join(v) if isinstance(v, list) else None)
+def test_usage_errors(tmp_path: Path, args: list[str], message: str) -> None:
+    r = rethook(*args)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert message in r.stderr
+    assert "Traceback" not in r.stderr
+    assert r.stdout == ""
+
+
+def test_not_a_trace_file() -> None:
+    r = rethook("report", "-i", "golden.py")
+    assert r.returncode == 1
+    assert r.stderr == ("rethook: error: golden.py: not a rethook trace file (bad magic) "
+                        "(at byte offset 0)\n")
+
+
+def test_syntax_error_is_reported_like_python(tmp_path: Path) -> None:
+    prog = tmp_path / "bad.py"
+    prog.write_text("def broken(:\n    pass\n")
+    plain = run(str(prog))
+    traced = rethook("record", "-o", str(tmp_path / "t.dat"), str(prog))
+    assert (traced.returncode, traced.stderr) == (plain.returncode, plain.stderr)
+    assert not (tmp_path / "t.dat").exists()
+
+
+def test_truncated_file(tmp_path: Path) -> None:
+    out = tmp_path / "t.dat"
+    assert rethook("record", "-o", str(out), "golden.py").returncode == 0
+    data = out.read_bytes()
+    # without its END chunk (20 bytes): every event is readable, the damage is named
+    cut = tmp_path / "cut.dat"
+    cut.write_bytes(data[:-20])
+    r = rethook("report", "-i", str(cut))
+    assert r.returncode == 1
+    assert normalise(r.stdout) == GOLDEN
+    assert r.stderr == (f"rethook: error: {cut}: file ends without an END chunk "
+                        f"(at byte offset {len(data) - 20})\n")
+    # cut in the middle: what comes before is printed, then the error names file and offset
+    half = tmp_path / "half.dat"
+    half.write_bytes(data[: len(data) // 2])
+    r = rethook("report", "-i", str(half))
+    assert r.returncode == 1
+    assert normalise(r.stdout)[:4] == GRAPH_HEADER
+    assert re.fullmatch(rf"rethook: error: {re.escape(str(half))}: .* \(at byte offset \d+\)\n",
+                        r.stderr)
+
+
+# --- export, demo, help -------------------------------------------------------------------------
+def test_export_folded(tmp_path: Path) -> None:
+    pytest.importorskip("rethook.output.folded")
+    out = tmp_path / "t.dat"
+    assert rethook("record", "-o", str(out), "golden.py").returncode == 0
+    r = rethook("export", "-i", str(out), "--format", "folded")
+    assert r.returncode == 0, r.stderr
+    folded = (tmp_path / "t.folded").read_text()
+    assert re.search(r"^__main__\.main;__main__\.fib;__main__\.fib \d+$", folded, re.M), folded
+    r = rethook("export", "-i", str(out), "--format", "folded", "-o", "-")
+    assert r.stdout == folded
+
+
+def test_export_perfetto(tmp_path: Path) -> None:
+    pytest.importorskip("rethook.output.perfetto")
+    out = tmp_path / "t.dat"
+    assert rethook("record", "-o", str(out), "golden.py").returncode == 0
+    r = rethook("export", "-i", str(out), "--format", "perfetto", "-o", str(tmp_path / "p.pb"))
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "p.pb").stat().st_size > 0
+
+
+def test_demo(tmp_path: Path) -> None:
+    out = tmp_path / "demo.dat"
+    r = rethook("demo", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    assert out.exists()
+    lines = normalise(r.stdout)
+    assert "stock value: 2.75" in lines
+    assert GRAPH_HEADER[0] in lines
+    assert " 0)               |  __main__.main() {" in lines
+    assert (" 0) <dur> |        __main__.parse_price(); /* raised ValueError(\"could not "
+            "convert string to float: 'n/a'\") */") in lines
+    assert " 0)               |    } /* __main__.fetch_price suspended */" in lines
+    assert " 1) <dur> |  __main__.audit(); /* = None */" in lines
+    assert len(lines) < 120  # fits a screen or two
+
+
+@pytest.mark.parametrize("command", ["", "record", "report", "stream", "profile", "list",
+                                     "export", "demo"])
+def test_help(command: str) -> None:
+    r = rethook(*([command] if command else []), "--help")
+    assert r.returncode == 0
+    assert r.stdout.startswith(f"Usage: rethook {command}".rstrip())
+
+
+def test_version() -> None:
+    r = rethook("--version")
+    assert r.returncode == 0
+    assert re.fullmatch(r"rethook \d+\.\d+\.\d+ \(engine: \w+ core, \w+ \d+\.\d+\.\d+\S*\)\n",
+                        r.stdout)
+
+
+def test_console_script_is_installed() -> None:
+    exe = shutil.which("rethook", path=os.path.dirname(sys.executable))
+    if exe is None:
+        pytest.skip("the rethook console script is not installed next to this python")
+    r = subprocess.run([exe, "list", "-t"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0
+    assert r.stdout.split()[0] == "function_graph"
