@@ -32,10 +32,11 @@ registration can never call a user registered later in the same slot.
 
 Rules
 -----
-1. Entry: entry users (ftrace_ops) run first. Then each graph registration of the code's
-   dispatch entry, in slot order, runs its entry handler; an answer other than ``None``/
-   ``False`` is the entry data and appends a claim. No claim: a plain function pushes its
-   marker, a generator nothing.
+1. Entry: entry users (ftrace_ops) run first. Then the record is pushed and each graph
+   registration of the code's dispatch entry, in slot order, runs its entry handler; an
+   answer other than ``None``/``False`` is the entry data and appends a claim. No claim: the
+   record is replaced by the function's marker (a generator's is just popped). Pushing first
+   lets a handler that unregisters a user or changes a filter find this very call.
 2. Exit (PY_RETURN, PY_UNWIND) of a plain function pops the top entry when its key is the
    code. That is exact because every entry of a hooked plain function pushes, and the engine
    keeps a function's events on while any entry of it is open ("draining"), so an exit is never
@@ -384,42 +385,37 @@ def _on_start(code: CodeType, offset: int) -> None:
             return
         stack = ts.stack
         depth = len(stack)
+        if depth >= _max_depth:
+            _overran(ts, code, marker)
+            return
         t = _now() if flags & WANT_TIME else 0
-        if len(graph) == 1 and depth < _max_depth:  # one user: no loop, one allocation
+        # Push first, then ask the users (the kernel's order): while entry handlers run, the
+        # call is on the stack, so a sweep they cause (unregister, set_filter) sees it.
+        rec = [frame if flags & GENERATOR else code, code, frame, t, 0, 0]
+        stack.append(rec)
+        if len(graph) == 1:  # one user: no loop
             reg = graph[0]
             try:
                 data = reg.entryfunc(code, frame, depth, t)
             except Exception as exc:
                 handler_failed(reg, exc)
                 data = None
-            except BaseException:  # keep the exit matched, then let it through
-                if marker is not None:
-                    stack.append(marker)
-                raise
             if data is not None and data is not False:
-                stack.append([frame if flags & GENERATOR else code, code, frame, t, 0, 0,
-                              reg, data])
-            elif marker is not None:
-                stack.append(marker)
-        elif depth < _max_depth:
-            rec = [frame if flags & GENERATOR else code, code, frame, t, 0, 0]
+                rec += (reg, data)
+        else:
             for reg in graph:
                 try:
                     data = reg.entryfunc(code, frame, depth, t)
                 except Exception as exc:
                     handler_failed(reg, exc)
                     continue
-                except BaseException:  # keep the exit matched, then let it through
-                    stack.append(rec if len(rec) > REC_HEADER else marker or rec)
-                    raise
                 if data is not None and data is not False:
                     rec += (reg, data)
-            if len(rec) > REC_HEADER:
-                stack.append(rec)
-            elif marker is not None:
-                stack.append(marker)
-        else:
-            _overran(ts, code, marker)
+        if len(rec) == REC_HEADER and stack and stack[-1] is rec:  # nobody wants the return
+            if marker is None:
+                stack.pop()
+            else:
+                stack[-1] = marker
     except Exception as e:  # a bug of rethook's: never the program's problem
         internal_error(e)
     finally:

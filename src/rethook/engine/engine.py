@@ -561,10 +561,10 @@ class Engine:
         try:
             # Newest first, so each user sees its unfinished returns in reverse entry order.
             for rec, depth, reg, data in reversed(todo):
-                self._unfinished_deliveries += 1
                 fn = reg.retfunc
-                if fn is None:
+                if fn is None:  # no return handler, or an entry its user discarded
                     continue
+                self._unfinished_deliveries += 1
                 try:
                     fn(rec[REC_CODE], rec[REC_FRAME], depth, data, None, None,
                        rec[REC_TIME], t if rec[REC_TIME] else 0, rec[REC_SLEEP], FLAG_UNFINISHED)
