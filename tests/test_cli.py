@@ -581,3 +581,35 @@ def test_console_script_is_installed() -> None:
     r = subprocess.run([exe, "list", "-t"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0
     assert r.stdout.split()[0] == "function_graph"
+
+
+def test_probe_events_with_filter_and_triggers_then_hist(tmp_path):
+    out = tmp_path / "p.dat"
+    r = rethook("record", "-p", "nop", "-o", str(out),
+                "-e", "r:parse __main__.parse text:len ret=$retval:len",
+                "-f", "text > 40", "-R", "hist:keys=text.log2:vals=ret",
+                "-R", "stacktrace:1", "jsonparse.py")
+    assert r.returncode == 0, r.stderr
+    report = rethook("report", "-i", str(out)).stdout.splitlines()
+    events = [line.split(": ", 1)[1] for line in report if ": parse: " in line]
+    # 49 documents of 2n+1 characters: those longer than 40 pass the filter (n >= 20)
+    assert len(events) == 30
+    assert events[0] == "parse: (__main__.<module>@1+6 <- __main__.parse) text=41 ret=20"
+    assert report[6].endswith("<stack trace>") and report[7] == " => __main__.parse+4"
+    hist = rethook("hist", "-i", str(out))
+    assert hist.returncode == 0
+    # the hist trigger sees every hit (the filter only decides what is recorded): 49 + 1 raised
+    assert "    Hits: 50\n" in hist.stdout
+    assert hist.stdout.startswith("# kprobes/parse\n# event histogram\n")
+
+
+def test_event_filter_before_any_event_is_a_usage_error():
+    r = rethook("record", "-f", "x > 1", "-e", "r:p __main__.parse", "jsonparse.py")
+    assert r.returncode == 2
+    assert "-f 'x > 1' must follow the -e it applies to" in r.stderr
+
+
+def test_bad_event_filter_names_the_flag():
+    r = rethook("record", "-e", "r:p __main__.parse text:len", "-f", "text >", "jsonparse.py")
+    assert r.returncode == 2
+    assert "-f 'text >'" in r.stderr and "^" in r.stderr

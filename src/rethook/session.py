@@ -232,6 +232,8 @@ class TraceSettings:
     graph_functions: list[str] = field(default_factory=list)  # -g
     graph_notrace: list[str] = field(default_factory=list)  # --graph-notrace
     events: list[str] = field(default_factory=list)  # -e: probe definitions, made and enabled
+    event_filters: dict[str, list[str]] = field(default_factory=dict)  # -f, per -e definition
+    event_triggers: dict[str, list[str]] = field(default_factory=dict)  # -R, per -e definition
     options: list[str] = field(default_factory=list)  # -O NAME / -O noNAME
     max_graph_depth: int | None = None
     tracing_thresh: int | None = None  # microseconds
@@ -290,6 +292,10 @@ def configure(fs: Tracefs, settings: TraceSettings, program: Program | None,
         before = set(fs.dynamic.events)
         write("-e", text, "dynamic_events", text, append=True)
         for name in [n for n in fs.dynamic.events if n not in before]:
+            for flt in settings.event_filters.get(text, ()):
+                write("-f", flt, f"events/{name}/filter", flt)
+            for trig in settings.event_triggers.get(text, ()):
+                write("-R", trig, f"events/{name}/trigger", trig)
             write("-e", text, f"events/{name}/enable", "1")
     if settings.max_graph_depth is not None:
         write("--max-graph-depth", str(settings.max_graph_depth), "max_graph_depth",
@@ -518,6 +524,10 @@ class Recorder(_Drain):
                 self._name_threads()
                 writer.write_stats(fs.ctx.buffer.stats())
                 writer.set_meta("end_time", time.time())
+                hists = {name: e.read_hist() for name, e in fs.dynamic.events.items()
+                         if e.read_hist()}
+                if hists:  # histograms live in the trace instance: keep them with the trace
+                    writer.set_meta("histograms", hists)
                 writer.close()
             self.size = os.fstat(self._file.fileno()).st_size  # the program may have chdir'd
         finally:

@@ -625,6 +625,11 @@ class TraceReader:
         return (self._done or self._leading).meta
 
     @property
+    def all_meta(self) -> dict[str, Any]:
+        """Every META key in the file, also those written after the events (a quick pass)."""
+        return self._complete().meta
+
+    @property
     def formats(self) -> FormatRegistry:
         return self._complete().formats
 

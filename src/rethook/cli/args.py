@@ -51,6 +51,30 @@ def split_program_args(args: list[str], takes_value: set[str],
     return args, []
 
 
+def probe_groups(args: list[str]) -> list[tuple[str, list[str], list[str]]]:
+    """trace-cmd's ``-e EVENT [-f FILTER] [-R TRIGGER]...``: each -f/-R applies to the -e
+    before it, which Click's per-option lists cannot tell, so the order is read here."""
+    groups: list[tuple[str, list[str], list[str]]] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            break
+        for flag in ("-e", "-f", "-R"):
+            if arg == flag or (arg.startswith(flag) and not arg.startswith("--")):
+                value = arg[2:] if len(arg) > 2 else (args[i + 1] if i + 1 < len(args) else "")
+                i += 0 if len(arg) > 2 else 1
+                if flag == "-e":
+                    groups.append((value, [], []))
+                elif not groups:
+                    raise click.UsageError(f"{flag} {value!r} must follow the -e it applies to")
+                else:
+                    groups[-1][1 if flag == "-f" else 2].append(value)
+                break
+        i += 1
+    return groups
+
+
 class ProgramCommand(click.Command):
     """A command whose trailing arguments are a program and its arguments, untouched."""
 
@@ -66,6 +90,7 @@ class ProgramCommand(click.Command):
             else:
                 takes_value |= names
         own, program = split_program_args(list(args), takes_value, optional_value)
+        ctx.meta["probe_events"] = probe_groups(own)
         if program or "--" in args:
             own = [*own, "--", *program]
         return super().parse_args(ctx, own)
@@ -114,6 +139,15 @@ _EVENT_OPTION = click.option(
          "'p:GRP/NAME FUNC ARG=FETCH...' at entry, 'r:GRP/NAME FUNC ret=$retval' at return, "
          "'f:...'). Repeatable.")
 
+_EVENT_FILTER_OPTIONS = [
+    click.option("-f", "event_filters", multiple=True, metavar="FILTER",
+                 help="Filter for the preceding -e event (events/GRP/EVENT/filter syntax: "
+                      "'ret > 0 && comm == \"worker\"'). Repeatable, one per -e."),
+    click.option("-R", "event_triggers", multiple=True, metavar="TRIGGER",
+                 help="Trigger for the preceding -e event: traceon, traceoff, stacktrace "
+                      "(':COUNT', ' if FILTER') or 'hist:keys=...'. Repeatable."),
+]
+
 _OPTION_OPTION = click.option(
     "-O", "options", multiple=True, metavar="OPTION",
     help="Set trace option OPTION, or clear it with noOPTION (e.g. -O funcgraph-retval, "
@@ -136,7 +170,8 @@ def trace_options(graph: bool = True) -> Callable[[Callable[..., Any]], Callable
     """The trace flags, in trace-cmd's order: record and stream take them all (``graph``),
     profile only the filters and -O."""
     chosen = ([_tracer_option(), *_FILTER_OPTIONS, *_GRAPH_OPTIONS, _EVENT_OPTION,
-               _OPTION_OPTION, *_LIMIT_OPTIONS] if graph else [*_FILTER_OPTIONS, _OPTION_OPTION])
+               *_EVENT_FILTER_OPTIONS, _OPTION_OPTION, *_LIMIT_OPTIONS]
+              if graph else [*_FILTER_OPTIONS, _OPTION_OPTION])
 
     def decorate(f: Callable[..., Any]) -> Callable[..., Any]:
         for deco in reversed(chosen):
@@ -148,13 +183,19 @@ def trace_options(graph: bool = True) -> Callable[[Callable[..., Any]], Callable
 
 def settings_from(params: dict[str, Any], tracer: str | None = None) -> TraceSettings:
     """TraceSettings from a command's Click parameters."""
+    ctx = click.get_current_context(silent=True)
+    groups = ctx.meta.get("probe_events") if ctx is not None else None
+    if groups is None:
+        groups = [(e, [], []) for e in params.get("events", ())]
     return TraceSettings(
         tracer=tracer or params.get("tracer") or "function_graph",
         filters=list(params.get("filters", ())),
         notrace=list(params.get("notrace", ())),
         graph_functions=list(params.get("graph_functions", ())),
         graph_notrace=list(params.get("graph_notrace", ())),
-        events=list(params.get("events", ())),
+        events=[e for e, _, _ in groups],
+        event_filters={e: f for e, f, _ in groups if f},
+        event_triggers={e: r for e, _, r in groups if r},
         options=list(params.get("options", ())),
         max_graph_depth=params.get("max_graph_depth"),
         tracing_thresh=params.get("tracing_thresh"),

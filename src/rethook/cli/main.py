@@ -312,6 +312,19 @@ def export(input_: str, fmt: str, output: str | None) -> None:
     sys.exit(export_file(input_, fmt, output))
 
 
+@cli.command(context_settings=CONTEXT)
+@click.option("-i", "input_", default="trace.dat", show_default=True, metavar="FILE",
+              type=click.Path(exists=True, dir_okay=False), help="The trace file to read.")
+@click.option("-e", "events", multiple=True, metavar="GRP/EVENT",
+              help="Only this event's histograms. Repeatable.")
+def hist(input_: str, events: tuple[str, ...]) -> None:
+    """Print the histograms (hist triggers, -R 'hist:...') of a recorded run, in the shape of
+    ftrace's events/GRP/EVENT/hist files."""
+    from rethook.cli.reporting import hist_file
+
+    sys.exit(hist_file(input_, events))
+
+
 @cli.command("list", cls=ProgramCommand, context_settings=CONTEXT)
 @click.option("-t", "tracers", is_flag=True, help="List the tracers.")
 @click.option("-o", "options", is_flag=True,

@@ -1,4 +1,4 @@
-"""``rethook report`` and ``rethook export``: reading trace files back.
+"""``rethook report``, ``rethook export`` and ``rethook hist``: reading trace files back.
 
 ``report`` streams: events are decoded one chunk at a time and rendered as they come, so a
 trace of millions of events prints in bounded memory. Thread names, per-thread counts and event
@@ -155,4 +155,28 @@ def export_file(path: str, fmt: str, output: str | None) -> int:
         unit = "packets" if binary else "stacks"
         size = human_size(os.path.getsize(output))
         click.echo(f"rethook: {count:,} {unit} written to {output} ({size})", err=True)
+    return 0
+
+
+def hist_file(path: str, only: Iterable[str]) -> int:
+    """``rethook hist``: the histograms a recording saved, one section per event."""
+    try:
+        meta = TraceReader(path, strict=False).all_meta
+    except TraceFileError as e:
+        _error(str(e))
+        return 1
+    hists: dict[str, str] = meta.get("histograms") or {}
+    wanted = list(only)
+    unknown = [name for name in wanted if name not in hists]
+    if unknown:
+        have = ", ".join(sorted(hists)) or "none"
+        raise click.UsageError(f"-e: no histogram for {', '.join(unknown)} in {path} "
+                               f"(recorded: {have})")
+    if not hists:
+        _error(f"{path}: the recording has no histograms (add -R 'hist:keys=...' to an -e)")
+        return 1
+    out = []
+    for name in wanted or sorted(hists):
+        out.append(f"# {name}\n{hists[name]}")
+    click.echo("\n".join(out), nl=False)
     return 0

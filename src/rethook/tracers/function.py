@@ -11,12 +11,16 @@ from rethook.tracers.formats import FUNCTION, STACKTRACE
 
 
 def stack_text(frame: FrameType | None, name_of, limit: int = 64) -> str:
-    """The call stack from ``frame`` outwards, one ``name+LINE`` per line (innermost first)."""
+    """The call stack from ``frame`` outwards, one ``name+LINE`` per line (innermost first).
+
+    It ends where rethook's own code begins: below a program run by ``rethook record`` are
+    only the recorder's frames."""
     lines = []
-    while frame is not None and len(lines) < limit:
+    while (frame is not None and len(lines) < limit
+           and not frame.f_globals.get("__name__", "").startswith("rethook.")):
         lines.append(f"{name_of(frame.f_code)}+{frame.f_lineno}")
         frame = frame.f_back
-    if frame is not None:
+    if frame is not None and len(lines) >= limit:
         lines.append("...")
     return "\n".join(lines)
 

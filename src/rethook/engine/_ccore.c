@@ -1,0 +1,1422 @@
+/*
+ * rethook.engine._ccore -- the C twin of rethook.engine.core's hot path.
+ *
+ * Same contract as core.py's module docstring (record layout, rules 1-7, "Contract of the hot
+ * path"); docs/ccore.md maps each piece. In short:
+ *
+ *  - The six sys.monitoring callbacks (on_start, on_return, on_unwind, on_yield, on_resume for
+ *    PY_RESUME and PY_THROW) are METH_FASTCALL builtins, registered by select.CCore.install.
+ *  - State is SHARED with core.py, so everything the engine and the rest of rethook do through
+ *    core.py (notrace, flush_thread, deliver, handler_failed, the engine's sweep) sees the same
+ *    thing: the per-thread ThreadState objects (core._local.ts, created by
+ *    core._new_thread_state, listed in core._threads), the parked table (core._parked), the
+ *    sweep lock (core.sweep_lock, read at each use: after_fork_in_child rebinds it) and the
+ *    internal-error counter (core.internal_error). Records stay Python lists and markers the
+ *    dispatch's (code,) tuples, exactly as the pure core builds them.
+ *  - Only the values the pure core keeps in module globals for its own callbacks are C
+ *    statics here: the dispatch table (a C hash keyed by the code object's address, built by
+ *    publish() from the engine's dict), max_depth, the sweeping flag, the overflow hook and
+ *    its limit.
+ *  - ThreadState and Registration are core.py's __slots__ classes; their slots are read and
+ *    written at the offsets their member descriptors give (looked up once at import), so the
+ *    hot path never does an attribute lookup. Objects of another type fall back to getattr.
+ *  - The current thread's ThreadState is cached in a C thread-local keyed by the
+ *    PyThreadState's unique id. The cached pointer is borrowed from a _TSGuard stored in the
+ *    same threading.local (core._local._ccore_guard): the guard owns a reference to the
+ *    ThreadState and clears the cache when the thread's local dict goes away.
+ *
+ * Every callback runs with the GIL held. Python handlers it calls may release it; the objects
+ * the callback works on are held by strong references across every such call.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <time.h>
+
+#if PY_VERSION_HEX < 0x030C0000
+#error "rethook's C core needs CPython 3.12 or newer (sys.monitoring)"
+#endif
+#ifdef Py_GIL_DISABLED
+#error "rethook's C core relies on the GIL; free-threaded builds use the pure-Python core"
+#endif
+#ifdef Py_LIMITED_API
+#error "rethook's C core uses CPython's non-limited API"
+#endif
+
+#if PY_VERSION_HEX >= 0x030D0000
+#define current_tstate() PyThreadState_GetUnchecked()
+#else
+#define current_tstate() _PyThreadState_UncheckedGet()
+#endif
+
+/* Record layout and flags: the same numbers as core.py (checked against it at import). */
+enum { REC_KEY, REC_CODE, REC_FRAME, REC_TIME, REC_SLEEP, REC_PARKED_AT, REC_HEADER };
+#define WANT_FRAME 1
+#define WANT_TIME 2
+#define GENERATOR 4
+#define FLAG_UNFINISHED 1
+
+/* ---------------------------------------------------------------------------------------- */
+/* Module state (single-phase init: one interpreter, like the pure core's module globals).   */
+
+static PyObject *core_mod;            /* rethook.engine.core */
+static PyObject *local_obj;           /* core._local (a threading.local) */
+static PyObject *parked;              /* core._parked: frame -> record */
+static PyObject *new_thread_state_fn; /* core._new_thread_state */
+static PyObject *internal_error_fn;   /* core.internal_error */
+static PyObject *handler_failed_fn;   /* core.handler_failed */
+static PyTypeObject *ThreadState_t, *Registration_t, *EntryRegistration_t;
+static Py_ssize_t ts_stack, ts_busy, ts_waiting, ts_recursion, ts_overrun, ts_inflight;
+static Py_ssize_t rg_entryfunc, rg_retfunc, rg_suspendfunc, rg_resumefunc, rg_nmissed;
+static Py_ssize_t er_func, er_nmissed;
+static PyObject *s_ts, *s_guard, *s_sweep_lock, *s_acquire, *s_release, *s_stack, *s_busy,
+    *s_waiting, *s_recursion, *s_overrun, *s_inflight, *s_entryfunc, *s_retfunc,
+    *s_suspendfunc, *s_resumefunc, *s_func, *s_nmissed;
+static PyObject *zero; /* the int 0 */
+
+static Py_ssize_t max_depth = 65536;
+static int sweeping;
+static PyObject *overflow_hook; /* None or NULL: no hook */
+static Py_ssize_t park_limit = 1024;
+
+/* ---------------------------------------------------------------------------------------- */
+/* The dispatch table: code address -> (entry_regs, graph_regs, flags, marker).              */
+
+typedef struct {
+    void *key;          /* the code object's address (the engine's id(code)); NULL: empty */
+    PyObject *dispatch; /* strong: the engine's dispatch tuple */
+    PyObject *entry;    /* borrowed from dispatch: tuple of EntryRegistration */
+    PyObject *graph;    /* borrowed from dispatch: tuple of Registration */
+    PyObject *marker;   /* borrowed from dispatch: (code,) or NULL for None */
+    long flags;
+} Slot;
+
+typedef struct {
+    size_t mask;
+    Py_ssize_t used;
+    PyObject *dict; /* the published dict (kept for table()) */
+    Slot slots[];
+} Table;
+
+static Table empty_table = {0, 0, NULL, {}};
+static Table *table = &empty_table;
+
+static inline size_t
+hash_ptr(const void *p)
+{
+    uint64_t h = (uint64_t)(uintptr_t)p;
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdULL;
+    h ^= h >> 33;
+    return (size_t)h;
+}
+
+static inline const Slot *
+lookup(const void *code)
+{
+    Table *tb = table;
+    if (tb->used == 0)
+        return NULL;
+    size_t i = hash_ptr(code) & tb->mask;
+    for (;;) {
+        const Slot *s = &tb->slots[i];
+        if (s->key == code)
+            return s;
+        if (s->key == NULL)
+            return NULL;
+        i = (i + 1) & tb->mask;
+    }
+}
+
+static void
+table_free(Table *tb)
+{
+    if (tb == &empty_table)
+        return;
+    for (size_t i = 0; i <= tb->mask; i++)
+        Py_XDECREF(tb->slots[i].dispatch);
+    Py_XDECREF(tb->dict);
+    PyMem_Free(tb);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Small helpers.                                                                           */
+
+#define SLOT(obj, off) (*(PyObject **)((char *)(obj) + (off)))
+
+static inline void
+slot_store(PyObject *obj, Py_ssize_t off, PyObject *value)
+{
+    PyObject *old = SLOT(obj, off);
+    SLOT(obj, off) = Py_NewRef(value);
+    Py_XDECREF(old);
+}
+
+static inline long long
+now_ns(void)
+{
+    /* time.perf_counter_ns() on Linux: the same clock, the same arithmetic. */
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (long long)t.tv_sec * 1000000000LL + (long long)t.tv_nsec;
+}
+
+/* Length of a shadow-stack entry (a record list or a marker tuple); -1 for anything else. */
+static inline Py_ssize_t
+rec_len(PyObject *rec)
+{
+    if (PyList_Check(rec))
+        return PyList_GET_SIZE(rec);
+    if (PyTuple_Check(rec))
+        return PyTuple_GET_SIZE(rec);
+    return -1;
+}
+
+/* Borrowed item i of a record or marker, NULL (no error set) when there is none. */
+static inline PyObject *
+rec_item(PyObject *rec, Py_ssize_t i)
+{
+    if (PyList_Check(rec))
+        return i < PyList_GET_SIZE(rec) ? PyList_GET_ITEM(rec, i) : NULL;
+    if (PyTuple_Check(rec))
+        return i < PyTuple_GET_SIZE(rec) ? PyTuple_GET_ITEM(rec, i) : NULL;
+    return NULL;
+}
+
+/* list.pop() of the last item: a new reference, or NULL (no error set) if the list is empty. */
+static PyObject *
+list_pop(PyObject *list)
+{
+    Py_ssize_t n = PyList_GET_SIZE(list);
+    if (n == 0)
+        return NULL;
+    PyObject *v = PyList_GET_ITEM(list, n - 1);
+    Py_ssize_t allocated = ((PyListObject *)list)->allocated;
+    if (allocated > 256 && n - 1 < allocated / 4) {
+        /* let the list give memory back after a deep stack, as list.pop() does */
+        Py_INCREF(v);
+        if (PyList_SetSlice(list, n - 1, n, NULL) < 0) {
+            PyErr_Clear();
+            Py_SET_SIZE(list, n - 1);
+            Py_DECREF(v); /* the list's reference, which it no longer holds */
+        }
+        return v;
+    }
+    Py_SET_SIZE(list, n - 1); /* the list's reference becomes ours */
+    return v;
+}
+
+static inline PyObject *
+current_frame(void)
+{
+    /* sys._getframe(1) in a Python callback: the frame that fired the event. A builtin has no
+     * frame of its own, so that is the current frame. */
+    PyFrameObject *f = PyEval_GetFrame();
+    return f ? Py_NewRef((PyObject *)f) : Py_NewRef(Py_None);
+}
+
+/* Add one to an int held in a slot (or an attribute). */
+static int
+slot_incr(PyObject *obj, PyTypeObject *tp, Py_ssize_t off, PyObject *name)
+{
+    PyObject *old;
+    if (Py_TYPE(obj) == tp) {
+        old = SLOT(obj, off);
+        if (old == NULL) {
+            PyErr_SetObject(PyExc_AttributeError, name);
+            return -1;
+        }
+        Py_INCREF(old);
+    }
+    else if ((old = PyObject_GetAttr(obj, name)) == NULL) {
+        return -1;
+    }
+    PyObject *one = PyLong_FromLong(1);
+    PyObject *v = one ? PyNumber_Add(old, one) : NULL;
+    Py_XDECREF(one);
+    Py_DECREF(old);
+    if (v == NULL)
+        return -1;
+    if (Py_TYPE(obj) == tp) {
+        PyObject *prev = SLOT(obj, off);
+        SLOT(obj, off) = v;
+        Py_XDECREF(prev);
+        return 0;
+    }
+    int r = PyObject_SetAttr(obj, name, v);
+    Py_DECREF(v);
+    return r;
+}
+
+/* A registration's handler (a new reference; None when unset). */
+static inline PyObject *
+reg_get(PyObject *reg, PyTypeObject *tp, Py_ssize_t off, PyObject *name)
+{
+    if (Py_TYPE(reg) == tp) {
+        PyObject *v = SLOT(reg, off);
+        if (v == NULL) {
+            PyErr_SetObject(PyExc_AttributeError, name);
+            return NULL;
+        }
+        return Py_NewRef(v);
+    }
+    return PyObject_GetAttr(reg, name);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Errors: a handler's (counted per registration, the program never sees it) and our own.    */
+
+/* The current exception is rethook's, not the program's (core.internal_error: counted,
+ * reported once). A BaseException that is not an Exception (KeyboardInterrupt, SystemExit)
+ * is kept in *pending instead, to be raised once the call's bookkeeping is done. */
+static void
+stash_error(PyObject **pending)
+{
+    PyObject *exc = PyErr_GetRaisedException();
+    if (exc == NULL)
+        return;
+    if (!PyErr_GivenExceptionMatches(exc, PyExc_Exception)) {
+        Py_XSETREF(*pending, exc);
+        return;
+    }
+    PyObject *r = PyObject_CallOneArg(internal_error_fn, exc);
+    if (r == NULL) {
+        PyObject *again = PyErr_GetRaisedException();
+        if (again && !PyErr_GivenExceptionMatches(again, PyExc_Exception))
+            Py_XSETREF(*pending, again);
+        else
+            Py_XDECREF(again);
+    }
+    Py_XDECREF(r);
+    Py_DECREF(exc);
+}
+
+/* A handler of `reg` raised (the exception is set). An Exception goes to
+ * core.handler_failed(reg, exc) and 0 is returned; a BaseException is kept in *pending and 1
+ * is returned. */
+static int
+handler_error(PyObject *reg, PyObject **pending)
+{
+    PyObject *exc = PyErr_GetRaisedException();
+    if (exc == NULL)
+        return 0;
+    if (!PyErr_GivenExceptionMatches(exc, PyExc_Exception)) {
+        Py_XSETREF(*pending, exc);
+        return 1;
+    }
+    PyObject *r = PyObject_CallFunctionObjArgs(handler_failed_fn, reg, exc, NULL);
+    Py_DECREF(exc);
+    if (r == NULL)
+        stash_error(pending);
+    Py_XDECREF(r);
+    return 0;
+}
+
+static PyObject *
+finish(PyObject *pending)
+{
+    if (pending != NULL) {
+        PyErr_SetRaisedException(pending);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* The current thread's ThreadState (core.py's object, shared with notrace and the engine).  */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *ts;
+    uint64_t id; /* the PyThreadState's unique id */
+} TSGuard;
+
+static _Thread_local uint64_t tls_id;  /* 0: nothing cached (ids start at 1) */
+static _Thread_local PyObject *tls_ts; /* borrowed from the TSGuard in core._local */
+
+static void
+TSGuard_dealloc(TSGuard *self)
+{
+    if (tls_id == self->id) { /* this thread's local dict is going away */
+        tls_id = 0;
+        tls_ts = NULL;
+    }
+    Py_XDECREF(self->ts);
+    PyObject_Free(self);
+}
+
+static PyTypeObject TSGuard_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "rethook.engine._ccore._TSGuard",
+    .tp_basicsize = sizeof(TSGuard),
+    .tp_dealloc = (destructor)TSGuard_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Holds a thread's ThreadState for the C core's thread-local cache.",
+};
+
+/* Slow path of current_ts: the cache is cold (new thread, or another PyThreadState).
+ * Returns a borrowed reference, or NULL (with an error set, or without one when the thread
+ * has no state and create is 0). */
+static PyObject *
+current_ts_slow(PyThreadState *tstate, int create)
+{
+    PyObject *ts = PyObject_GetAttr(local_obj, s_ts);
+    if (ts == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+            return NULL;
+        PyErr_Clear();
+        if (!create)
+            return NULL;
+        ts = PyObject_CallNoArgs(new_thread_state_fn);
+        if (ts == NULL)
+            return NULL;
+    }
+    if (Py_TYPE(ts) != ThreadState_t) {
+        PyErr_Format(PyExc_TypeError, "rethook: core._local.ts is a %.100s, not a ThreadState",
+                     Py_TYPE(ts)->tp_name);
+        Py_DECREF(ts);
+        return NULL;
+    }
+    PyObject *g = PyObject_GetAttr(local_obj, s_guard);
+    if (g == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
+            Py_DECREF(ts);
+            return NULL;
+        }
+        PyErr_Clear();
+    }
+    if (g == NULL || !Py_IS_TYPE(g, &TSGuard_Type) || ((TSGuard *)g)->ts != ts) {
+        Py_XDECREF(g);
+        g = (PyObject *)PyObject_New(TSGuard, &TSGuard_Type);
+        if (g == NULL) {
+            Py_DECREF(ts);
+            return NULL;
+        }
+        ((TSGuard *)g)->ts = Py_NewRef(ts);
+        ((TSGuard *)g)->id = 0;
+        if (PyObject_SetAttr(local_obj, s_guard, g) < 0) {
+            Py_DECREF(g);
+            Py_DECREF(ts);
+            return NULL;
+        }
+    }
+    ((TSGuard *)g)->id = tstate->id;
+    tls_id = tstate->id;
+    tls_ts = ts;
+    Py_DECREF(g);  /* core._local holds the guard */
+    Py_DECREF(ts); /* the guard holds the ThreadState */
+    return tls_ts;
+}
+
+static inline PyObject *
+current_ts(int create)
+{
+    PyThreadState *tstate = current_tstate();
+    if (tstate == NULL)
+        return NULL;
+    if (tstate->id == tls_id)
+        return tls_ts;
+    return current_ts_slow(tstate, create);
+}
+
+static inline int
+ts_is_busy(PyObject *ts)
+{
+    PyObject *v = SLOT(ts, ts_busy);
+    if (v == Py_False || v == NULL)
+        return 0;
+    if (v == Py_True)
+        return 1;
+    int r = PyObject_IsTrue(v);
+    if (r < 0) {
+        PyErr_Clear();
+        return 1;
+    }
+    return r;
+}
+
+#define SET_BUSY(ts, v) slot_store((ts), ts_busy, (v) ? Py_True : Py_False)
+
+/* ts.stack as a new reference, or NULL with an error. */
+static inline PyObject *
+ts_get_stack(PyObject *ts)
+{
+    PyObject *stack = SLOT(ts, ts_stack);
+    if (stack == NULL || !PyList_Check(stack)) {
+        PyErr_SetString(PyExc_TypeError, "rethook: ThreadState.stack is not a list");
+        return NULL;
+    }
+    return Py_NewRef(stack);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Slow paths shared by the callbacks (core.py's helpers of the same names).                 */
+
+/* Hold this thread at the start of a transition while the engine sweeps (rule 7). */
+static int
+wait_sweep(PyObject *ts)
+{
+    slot_store(ts, ts_waiting, Py_True);
+    int ok = -1;
+    PyObject *lock = PyObject_GetAttr(core_mod, s_sweep_lock);
+    if (lock != NULL) {
+        PyObject *r = PyObject_CallMethodNoArgs(lock, s_acquire);
+        if (r != NULL) {
+            Py_DECREF(r);
+            r = PyObject_CallMethodNoArgs(lock, s_release);
+            if (r != NULL) {
+                Py_DECREF(r);
+                ok = 0;
+            }
+        }
+        Py_DECREF(lock);
+    }
+    slot_store(ts, ts_waiting, Py_False);
+    return ok;
+}
+
+/* Charge a call nobody could see to each user that wanted it (their nmissed). */
+static int
+missed(PyObject *code, int graph_only)
+{
+    const Slot *s = lookup(code);
+    if (s == NULL)
+        return 0;
+    PyObject *dispatch = Py_NewRef(s->dispatch);
+    PyObject *groups[2] = {graph_only ? NULL : s->entry, s->graph};
+    int r = 0;
+    for (int g = 0; g < 2 && r == 0; g++) {
+        PyObject *regs = groups[g];
+        if (regs == NULL)
+            continue;
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(regs); i++) {
+            PyObject *reg = PyTuple_GET_ITEM(regs, i);
+            if (Py_TYPE(reg) == EntryRegistration_t)
+                r = slot_incr(reg, EntryRegistration_t, er_nmissed, s_nmissed);
+            else
+                r = slot_incr(reg, Registration_t, rg_nmissed, s_nmissed);
+            if (r < 0)
+                break;
+        }
+    }
+    Py_DECREF(dispatch);
+    return r;
+}
+
+/* Pop every claim off a record (newest first) and call each return handler once (core.deliver;
+ * depth_obj, retval, exc, t and flags are passed through). */
+static int
+deliver(PyObject *ts, PyObject *rec, PyObject *depth_obj, PyObject *retval, PyObject *exc,
+        PyObject *t, long flags, PyObject **pending)
+{
+    if (!PyList_Check(rec) || PyList_GET_SIZE(rec) <= REC_HEADER)
+        return 0; /* a marker, or a record whose claims were all swept */
+    PyObject *code = Py_NewRef(PyList_GET_ITEM(rec, REC_CODE));
+    PyObject *frame = Py_NewRef(PyList_GET_ITEM(rec, REC_FRAME));
+    PyObject *t0 = Py_NewRef(PyList_GET_ITEM(rec, REC_TIME));
+    PyObject *sleep = Py_NewRef(PyList_GET_ITEM(rec, REC_SLEEP));
+    PyObject *flags_obj = PyLong_FromLong(flags);
+    PyObject *inflight = SLOT(ts, ts_inflight);
+    int r = 0;
+    if (flags_obj == NULL || inflight == NULL || !PyList_Check(inflight)) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "rethook: ThreadState.inflight is not a list");
+        r = -1;
+        goto out;
+    }
+    Py_INCREF(inflight);
+    /* A handler may unregister another user of this very call: the engine's sweep then finds
+     * the record in inflight and takes that user's claim (FLAG_UNFINISHED). */
+    if (PyList_Append(inflight, rec) < 0) {
+        Py_DECREF(inflight);
+        r = -1;
+        goto out;
+    }
+    while (PyList_GET_SIZE(rec) > REC_HEADER) {
+        PyObject *data = list_pop(rec);
+        PyObject *reg = list_pop(rec);
+        PyObject *fn = reg_get(reg, Registration_t, rg_retfunc, s_retfunc);
+        if (fn == NULL) {
+            stash_error(pending);
+        }
+        else if (fn != Py_None) {
+            PyObject *argv[11] = {NULL, code, frame, depth_obj, data, retval, exc, t0, t,
+                                  sleep, flags_obj};
+            PyObject *res = PyObject_Vectorcall(fn, argv + 1,
+                                                10 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+            if (res == NULL)
+                handler_error(reg, pending);
+            Py_XDECREF(res);
+        }
+        Py_XDECREF(fn);
+        Py_DECREF(reg);
+        Py_DECREF(data);
+    }
+    {
+        PyObject *last = list_pop(inflight);
+        Py_XDECREF(last);
+    }
+    Py_DECREF(inflight);
+out:
+    Py_XDECREF(flags_obj);
+    Py_DECREF(sleep);
+    Py_DECREF(t0);
+    Py_DECREF(frame);
+    Py_DECREF(code);
+    return r;
+}
+
+/* Tell a record's users that its generator/coroutine was suspended or resumed. */
+static void
+notify(PyObject *rec, Py_ssize_t depth, PyObject *t, int resume, PyObject **pending)
+{
+    if (!PyList_Check(rec) || PyList_GET_SIZE(rec) <= REC_HEADER)
+        return;
+    PyObject *code = Py_NewRef(PyList_GET_ITEM(rec, REC_CODE));
+    PyObject *frame = Py_NewRef(PyList_GET_ITEM(rec, REC_FRAME));
+    PyObject *depth_obj = PyLong_FromSsize_t(depth);
+    if (depth_obj == NULL) {
+        stash_error(pending);
+        goto out;
+    }
+    /* A handler can make the engine take claims off this record: re-read its length. */
+    for (Py_ssize_t i = REC_HEADER; i + 1 < PyList_GET_SIZE(rec); i += 2) {
+        PyObject *reg = Py_NewRef(PyList_GET_ITEM(rec, i));
+        PyObject *data = Py_NewRef(PyList_GET_ITEM(rec, i + 1));
+        PyObject *fn = resume ? reg_get(reg, Registration_t, rg_resumefunc, s_resumefunc)
+                              : reg_get(reg, Registration_t, rg_suspendfunc, s_suspendfunc);
+        if (fn == NULL) {
+            stash_error(pending);
+        }
+        else if (fn != Py_None) {
+            PyObject *argv[6] = {NULL, code, frame, depth_obj, data, t};
+            PyObject *res = PyObject_Vectorcall(fn, argv + 1,
+                                                5 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+            if (res == NULL)
+                handler_error(reg, pending);
+            Py_XDECREF(res);
+        }
+        Py_XDECREF(fn);
+        Py_DECREF(data);
+        Py_DECREF(reg);
+    }
+out:
+    Py_XDECREF(depth_obj);
+    Py_DECREF(frame);
+    Py_DECREF(code);
+}
+
+/* Slow exit path: pop frame's entry; flush the ones above it, which left unseen (delivered
+ * FLAG_UNFINISHED). A new reference to the entry, or NULL (an error set only on failure). */
+static PyObject *
+find_exit(PyObject *ts, PyObject *stack, PyObject *frame, PyObject **pending)
+{
+    Py_ssize_t i = PyList_GET_SIZE(stack) - 1;
+    for (; i >= 0; i--) {
+        PyObject *rec = PyList_GET_ITEM(stack, i);
+        if (rec_len(rec) > REC_FRAME && rec_item(rec, REC_FRAME) == frame)
+            break;
+    }
+    if (i < 0)
+        return NULL; /* entered before its events were on: nothing to do */
+    PyObject *t = PyLong_FromLongLong(now_ns());
+    if (t == NULL)
+        return NULL;
+    while (PyList_GET_SIZE(stack) > i + 1) {
+        PyObject *stale = list_pop(stack);
+        PyObject *depth_obj = PyLong_FromSsize_t(PyList_GET_SIZE(stack));
+        if (depth_obj == NULL || deliver(ts, stale, depth_obj, Py_None, Py_None, t,
+                                         FLAG_UNFINISHED, pending) < 0)
+            stash_error(pending);
+        Py_XDECREF(depth_obj);
+        Py_DECREF(stale);
+    }
+    Py_DECREF(t);
+    /* (a handler may have cleared the stack: engine.stop from a return handler) */
+    return list_pop(stack);
+}
+
+/* An exit whose code is not the top entry's key: a generator's, or an unmatched one. */
+static PyObject *
+exit_by_frame(PyObject *ts, PyObject *stack, PyObject *frame, PyObject **pending)
+{
+    Py_ssize_t n = PyList_GET_SIZE(stack);
+    if (n == 0)
+        return NULL;
+    if (rec_item(PyList_GET_ITEM(stack, n - 1), REC_KEY) == frame)
+        return list_pop(stack);
+    return find_exit(ts, stack, frame, pending);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* The sys.monitoring callbacks.                                                            */
+
+/* Run the entry users (ftrace_ops) of a call. 1 if one raised a BaseException (in *pending). */
+static int
+call_entry_users(PyObject *entry, PyObject *code, PyObject *frame, PyObject **pending)
+{
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(entry); i++) {
+        PyObject *e = PyTuple_GET_ITEM(entry, i);
+        PyObject *fn = reg_get(e, EntryRegistration_t, er_func, s_func);
+        if (fn == NULL) {
+            stash_error(pending);
+            if (*pending)
+                return 1;
+            continue;
+        }
+        PyObject *argv[3] = {NULL, code, frame};
+        PyObject *res = PyObject_Vectorcall(fn, argv + 1, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET,
+                                            NULL);
+        Py_DECREF(fn);
+        if (res == NULL) {
+            if (handler_error(e, pending))
+                return 1;
+        }
+        else {
+            Py_DECREF(res);
+        }
+    }
+    return 0;
+}
+
+static inline int
+push(PyObject *stack, PyObject *entry, PyObject **pending)
+{
+    if (entry == NULL)
+        return 0;
+    if (PyList_Append(stack, entry) < 0) {
+        stash_error(pending);
+        return -1;
+    }
+    return 0;
+}
+
+static inline int
+accepted(PyObject *data)
+{
+    return data != Py_None && data != Py_False;
+}
+
+/* PY_START(code, offset): rule 1 (entry), rule 4 (recursion), rule 5 (depth). */
+static PyObject *
+on_start(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs < 1)
+        Py_RETURN_NONE;
+    PyObject *code = args[0];
+    PyObject *pending = NULL;
+    PyObject *ts = current_ts(1);
+    if (ts == NULL) {
+        stash_error(&pending);
+        return finish(pending);
+    }
+    if (ts_is_busy(ts)) {
+        if (slot_incr(ts, ThreadState_t, ts_recursion, s_recursion) < 0 || missed(code, 0) < 0)
+            stash_error(&pending);
+        return finish(pending);
+    }
+    Py_INCREF(ts);
+    SET_BUSY(ts, 1);
+    PyObject *dispatch = NULL, *stack = NULL, *frame = NULL, *t = NULL, *depth_obj = NULL;
+    PyObject *rec = NULL;
+    if (sweeping && wait_sweep(ts) < 0) {
+        stash_error(&pending);
+        goto done;
+    }
+    const Slot *s = lookup(code);
+    if (s == NULL)
+        goto done; /* not (or no longer) hooked */
+    dispatch = Py_NewRef(s->dispatch);
+    PyObject *entry = s->entry, *graph = s->graph, *marker = s->marker;
+    long flags = s->flags;
+    if ((stack = ts_get_stack(ts)) == NULL) {
+        stash_error(&pending);
+        goto done;
+    }
+    frame = (flags & WANT_FRAME) ? current_frame() : Py_NewRef(Py_None);
+    if (PyTuple_GET_SIZE(entry) && call_entry_users(entry, code, frame, &pending)) {
+        push(stack, marker, &pending); /* keep the exit matched, then let it through */
+        goto done;
+    }
+    Py_ssize_t ngraph = PyTuple_GET_SIZE(graph);
+    if (ngraph == 0) {
+        push(stack, marker, &pending); /* draining: keep exits of this function matched */
+        goto done;
+    }
+    Py_ssize_t depth = PyList_GET_SIZE(stack);
+    if (depth >= max_depth) { /* the shadow stack is full: count, keep the exit matched */
+        if (slot_incr(ts, ThreadState_t, ts_overrun, s_overrun) < 0 || missed(code, 1) < 0)
+            stash_error(&pending);
+        push(stack, marker, &pending);
+        goto done;
+    }
+    t = (flags & WANT_TIME) ? PyLong_FromLongLong(now_ns()) : Py_NewRef(zero);
+    depth_obj = PyLong_FromSsize_t(depth);
+    /* Push first, then ask the users (the kernel's order): while entry handlers run, the call
+     * is on the stack, so a sweep they cause (unregister, set_filter) sees it. Room for one
+     * claim is allocated with the header, so the common case is one allocation. */
+    rec = (t && depth_obj) ? PyList_New(REC_HEADER + 2) : NULL;
+    if (rec == NULL) {
+        stash_error(&pending);
+        push(stack, marker, &pending);
+        goto done;
+    }
+    Py_SET_SIZE(rec, REC_HEADER);
+    PyList_SET_ITEM(rec, REC_KEY, Py_NewRef((flags & GENERATOR) ? frame : code));
+    PyList_SET_ITEM(rec, REC_CODE, Py_NewRef(code));
+    PyList_SET_ITEM(rec, REC_FRAME, Py_NewRef(frame));
+    PyList_SET_ITEM(rec, REC_TIME, Py_NewRef(t));
+    PyList_SET_ITEM(rec, REC_SLEEP, Py_NewRef(zero));
+    PyList_SET_ITEM(rec, REC_PARKED_AT, Py_NewRef(zero));
+    if (push(stack, rec, &pending) < 0) {
+        push(stack, marker, &pending);
+        goto done;
+    }
+    PyObject *argv[5] = {NULL, code, frame, depth_obj, t};
+    for (Py_ssize_t i = 0; i < ngraph; i++) {
+        PyObject *reg = PyTuple_GET_ITEM(graph, i);
+        PyObject *fn = reg_get(reg, Registration_t, rg_entryfunc, s_entryfunc);
+        if (fn == NULL) {
+            stash_error(&pending);
+            continue;
+        }
+        PyObject *data = PyObject_Vectorcall(fn, argv + 1, 4 | PY_VECTORCALL_ARGUMENTS_OFFSET,
+                                             NULL);
+        Py_DECREF(fn);
+        if (data == NULL) {
+            if (handler_error(reg, &pending))
+                goto done; /* KeyboardInterrupt/SystemExit: the record stays, exit matched */
+            continue;
+        }
+        if (accepted(data) && (PyList_Append(rec, reg) < 0 || PyList_Append(rec, data) < 0)) {
+            stash_error(&pending);
+            /* drop a half-added claim (the data of that entry is lost) */
+            if ((PyList_GET_SIZE(rec) - REC_HEADER) & 1)
+                Py_XDECREF(list_pop(rec));
+        }
+        Py_DECREF(data);
+    }
+    Py_ssize_t n = PyList_GET_SIZE(stack);
+    if (PyList_GET_SIZE(rec) == REC_HEADER && n && PyList_GET_ITEM(stack, n - 1) == rec) {
+        /* nobody wants the return */
+        if (marker == NULL) {
+            Py_DECREF(list_pop(stack));
+        }
+        else if (PyList_SetItem(stack, n - 1, Py_NewRef(marker)) < 0) {
+            stash_error(&pending);
+        }
+    }
+done:
+    Py_XDECREF(rec);
+    Py_XDECREF(depth_obj);
+    Py_XDECREF(t);
+    Py_XDECREF(frame);
+    Py_XDECREF(stack);
+    Py_XDECREF(dispatch);
+    SET_BUSY(ts, 0);
+    Py_DECREF(ts);
+    return finish(pending);
+}
+
+/* Common start of the exit-side callbacks: the thread's state and stack, or nothing to do. */
+static inline PyObject *
+exit_state(PyObject **pending)
+{
+    PyObject *ts = current_ts(0);
+    if (ts == NULL) {
+        if (PyErr_Occurred())
+            stash_error(pending);
+        return NULL; /* this thread never pushed anything */
+    }
+    PyObject *stack = SLOT(ts, ts_stack);
+    if (stack == NULL || !PyList_Check(stack) || PyList_GET_SIZE(stack) == 0)
+        return NULL;
+    if (ts_is_busy(ts))
+        return NULL; /* (exits inside handlers belong to calls the handler made) */
+    return ts;
+}
+
+/* PY_RETURN(code, offset, retval): rule 2. */
+static PyObject *
+on_return(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs < 3)
+        Py_RETURN_NONE;
+    PyObject *code = args[0], *retval = args[2];
+    PyObject *pending = NULL;
+    PyObject *ts = exit_state(&pending);
+    if (ts == NULL)
+        return finish(pending);
+    Py_INCREF(ts);
+    SET_BUSY(ts, 1);
+    PyObject *stack = NULL, *rec = NULL, *frame = NULL;
+    if (sweeping && wait_sweep(ts) < 0) {
+        stash_error(&pending);
+        goto done;
+    }
+    if ((stack = ts_get_stack(ts)) == NULL) {
+        stash_error(&pending);
+        goto done;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(stack);
+    if (n == 0)
+        goto done; /* (the engine stopped while this thread waited for its sweep) */
+    if (rec_item(PyList_GET_ITEM(stack, n - 1), REC_KEY) == code) {
+        rec = list_pop(stack);
+    }
+    else {
+        frame = current_frame();
+        rec = exit_by_frame(ts, stack, frame, &pending);
+        if (rec == NULL) {
+            if (PyErr_Occurred())
+                stash_error(&pending);
+            goto done;
+        }
+    }
+    if (!PyList_Check(rec))
+        goto done; /* a marker */
+    Py_ssize_t len = PyList_GET_SIZE(rec);
+    if (len == REC_HEADER + 2) { /* the common case: one claim, delivered in place */
+        PyObject *reg = Py_NewRef(PyList_GET_ITEM(rec, REC_HEADER));
+        PyObject *fn = reg_get(reg, Registration_t, rg_retfunc, s_retfunc);
+        if (fn == NULL) {
+            stash_error(&pending);
+        }
+        else if (fn != Py_None) {
+            PyObject *t0 = Py_NewRef(PyList_GET_ITEM(rec, REC_TIME));
+            PyObject *rframe = Py_NewRef(PyList_GET_ITEM(rec, REC_FRAME));
+            PyObject *data = Py_NewRef(PyList_GET_ITEM(rec, REC_HEADER + 1));
+            PyObject *sleep = Py_NewRef(PyList_GET_ITEM(rec, REC_SLEEP));
+            int timed = PyObject_IsTrue(t0);
+            PyObject *t1 = timed > 0 ? PyLong_FromLongLong(now_ns()) : Py_NewRef(zero);
+            PyObject *depth_obj = PyLong_FromSsize_t(PyList_GET_SIZE(stack));
+            if (timed < 0 || t1 == NULL || depth_obj == NULL) {
+                stash_error(&pending);
+            }
+            else {
+                PyObject *argv[11] = {NULL, code, rframe, depth_obj, data, retval, Py_None,
+                                      t0, t1, sleep, zero};
+                PyObject *res = PyObject_Vectorcall(fn, argv + 1,
+                                                    10 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+                if (res == NULL)
+                    handler_error(reg, &pending);
+                Py_XDECREF(res);
+            }
+            Py_XDECREF(depth_obj);
+            Py_XDECREF(t1);
+            Py_DECREF(sleep);
+            Py_DECREF(data);
+            Py_DECREF(rframe);
+            Py_DECREF(t0);
+        }
+        Py_XDECREF(fn);
+        Py_DECREF(reg);
+    }
+    else if (len > REC_HEADER) { /* several claims: newest first, each exactly once */
+        PyObject *t0 = PyList_GET_ITEM(rec, REC_TIME);
+        int timed = PyObject_IsTrue(t0);
+        PyObject *t = timed > 0 ? PyLong_FromLongLong(now_ns()) : Py_NewRef(zero);
+        PyObject *depth_obj = PyLong_FromSsize_t(PyList_GET_SIZE(stack));
+        if (timed < 0 || t == NULL || depth_obj == NULL ||
+            deliver(ts, rec, depth_obj, retval, Py_None, t, 0, &pending) < 0)
+            stash_error(&pending);
+        Py_XDECREF(depth_obj);
+        Py_XDECREF(t);
+    }
+done:
+    Py_XDECREF(frame);
+    Py_XDECREF(rec);
+    Py_XDECREF(stack);
+    SET_BUSY(ts, 0);
+    Py_DECREF(ts);
+    return finish(pending);
+}
+
+/* PY_UNWIND(code, offset, exc): a global event, for every frame an exception leaves. */
+static PyObject *
+on_unwind(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs < 3)
+        Py_RETURN_NONE;
+    PyObject *code = args[0], *exc = args[2];
+    PyObject *pending = NULL;
+    PyObject *ts = exit_state(&pending);
+    if (ts == NULL)
+        return finish(pending);
+    PyObject *stack = SLOT(ts, ts_stack);
+    if (rec_item(PyList_GET_ITEM(stack, PyList_GET_SIZE(stack) - 1), REC_KEY) != code &&
+        lookup(code) == NULL)
+        Py_RETURN_NONE; /* not hooked (draining code stays in the table) */
+    Py_INCREF(ts);
+    SET_BUSY(ts, 1);
+    PyObject *rec = NULL, *frame = NULL;
+    stack = NULL;
+    if (sweeping && wait_sweep(ts) < 0) {
+        stash_error(&pending);
+        goto done;
+    }
+    if ((stack = ts_get_stack(ts)) == NULL) {
+        stash_error(&pending);
+        goto done;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(stack);
+    if (n == 0)
+        goto done;
+    if (rec_item(PyList_GET_ITEM(stack, n - 1), REC_KEY) == code) {
+        rec = list_pop(stack);
+    }
+    else {
+        frame = current_frame();
+        rec = exit_by_frame(ts, stack, frame, &pending);
+        if (rec == NULL) {
+            if (PyErr_Occurred())
+                stash_error(&pending);
+            goto done;
+        }
+    }
+    if (PyList_Check(rec) && PyList_GET_SIZE(rec) > REC_HEADER) { /* not a marker */
+        int timed = PyObject_IsTrue(PyList_GET_ITEM(rec, REC_TIME));
+        PyObject *t = timed > 0 ? PyLong_FromLongLong(now_ns()) : Py_NewRef(zero);
+        PyObject *depth_obj = PyLong_FromSsize_t(PyList_GET_SIZE(stack));
+        if (timed < 0 || t == NULL || depth_obj == NULL ||
+            deliver(ts, rec, depth_obj, Py_None, exc, t, 0, &pending) < 0)
+            stash_error(&pending);
+        Py_XDECREF(depth_obj);
+        Py_XDECREF(t);
+    }
+done:
+    Py_XDECREF(frame);
+    Py_XDECREF(rec);
+    Py_XDECREF(stack);
+    SET_BUSY(ts, 0);
+    Py_DECREF(ts);
+    return finish(pending);
+}
+
+/* PY_YIELD(code, offset, value): rule 3, the record moves to the parked table. */
+static PyObject *
+on_yield(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)args;
+    if (nargs < 1)
+        Py_RETURN_NONE;
+    PyObject *pending = NULL;
+    PyObject *ts = exit_state(&pending);
+    if (ts == NULL)
+        return finish(pending);
+    Py_INCREF(ts);
+    SET_BUSY(ts, 1);
+    PyObject *stack = NULL, *rec = NULL, *frame = NULL, *t = NULL;
+    if (sweeping && wait_sweep(ts) < 0) {
+        stash_error(&pending);
+        goto done;
+    }
+    if ((stack = ts_get_stack(ts)) == NULL) {
+        stash_error(&pending);
+        goto done;
+    }
+    frame = current_frame();
+    rec = exit_by_frame(ts, stack, frame, &pending);
+    if (rec == NULL) {
+        if (PyErr_Occurred())
+            stash_error(&pending);
+        goto done;
+    }
+    if (!PyList_Check(rec) || PyList_GET_SIZE(rec) < REC_HEADER) {
+        PyErr_SetString(PyExc_TypeError, "rethook: a suspended call's entry is not a record");
+        stash_error(&pending);
+        goto done;
+    }
+    t = PyLong_FromLongLong(now_ns());
+    if (t == NULL) {
+        stash_error(&pending);
+        goto done;
+    }
+    Py_SETREF(((PyListObject *)rec)->ob_item[REC_PARKED_AT], Py_NewRef(t));
+    if (PyDict_SetItem(parked, frame, rec) < 0) {
+        stash_error(&pending);
+        goto done;
+    }
+    notify(rec, PyList_GET_SIZE(stack), t, 0, &pending);
+    if (PyDict_GET_SIZE(parked) > park_limit && overflow_hook != NULL &&
+        overflow_hook != Py_None) {
+        PyObject *hook = Py_NewRef(overflow_hook);
+        PyObject *r = PyObject_CallNoArgs(hook);
+        Py_DECREF(hook);
+        if (r == NULL)
+            stash_error(&pending);
+        Py_XDECREF(r);
+    }
+done:
+    Py_XDECREF(t);
+    Py_XDECREF(frame);
+    Py_XDECREF(rec);
+    Py_XDECREF(stack);
+    SET_BUSY(ts, 0);
+    Py_DECREF(ts);
+    return finish(pending);
+}
+
+/* PY_RESUME(code, offset) and PY_THROW(code, offset, exc): the parked record comes back onto
+ * the resuming thread's stack (possibly another thread) with its suspended time added. */
+static PyObject *
+on_resume(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)args;
+    (void)nargs;
+    if (PyDict_GET_SIZE(parked) == 0)
+        Py_RETURN_NONE;
+    PyObject *pending = NULL;
+    PyObject *ts = current_ts(1);
+    if (ts == NULL) {
+        stash_error(&pending);
+        return finish(pending);
+    }
+    if (ts_is_busy(ts))
+        Py_RETURN_NONE;
+    Py_INCREF(ts);
+    SET_BUSY(ts, 1);
+    PyObject *stack = NULL, *rec = NULL, *frame = NULL, *t = NULL;
+    if (sweeping && wait_sweep(ts) < 0) {
+        stash_error(&pending);
+        goto done;
+    }
+    if ((stack = ts_get_stack(ts)) == NULL) {
+        stash_error(&pending);
+        goto done;
+    }
+    frame = current_frame();
+    rec = PyDict_GetItemWithError(parked, frame);
+    if (rec == NULL) {
+        if (PyErr_Occurred())
+            stash_error(&pending);
+        goto done;
+    }
+    Py_INCREF(rec);
+    if (PyDict_DelItem(parked, frame) < 0) {
+        stash_error(&pending);
+        goto done;
+    }
+    if (!PyList_Check(rec) || PyList_GET_SIZE(rec) < REC_HEADER) {
+        PyErr_SetString(PyExc_TypeError, "rethook: a parked entry is not a record");
+        stash_error(&pending);
+        goto done;
+    }
+    long long tn = now_ns();
+    long long slept = PyLong_AsLongLong(PyList_GET_ITEM(rec, REC_SLEEP));
+    long long at = slept == -1 && PyErr_Occurred()
+                       ? -1 : PyLong_AsLongLong(PyList_GET_ITEM(rec, REC_PARKED_AT));
+    PyObject *sleep = PyErr_Occurred() ? NULL : PyLong_FromLongLong(slept + (tn - at));
+    t = PyLong_FromLongLong(tn);
+    if (sleep == NULL || t == NULL) {
+        Py_XDECREF(sleep);
+        stash_error(&pending);
+        goto done;
+    }
+    Py_SETREF(((PyListObject *)rec)->ob_item[REC_SLEEP], sleep);
+    notify(rec, PyList_GET_SIZE(stack), t, 1, &pending);
+    push(stack, rec, &pending); /* (after the handlers, even one that raised: rule 6) */
+done:
+    Py_XDECREF(t);
+    Py_XDECREF(frame);
+    Py_XDECREF(rec);
+    Py_XDECREF(stack);
+    SET_BUSY(ts, 0);
+    Py_DECREF(ts);
+    return finish(pending);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* What CCore (rethook.engine.select) drives.                                               */
+
+static PyObject *
+publish(PyObject *Py_UNUSED(module), PyObject *dict)
+{
+    if (!PyDict_Check(dict)) {
+        PyErr_SetString(PyExc_TypeError, "publish() needs a dict {id(code): dispatch}");
+        return NULL;
+    }
+    Py_ssize_t n = PyDict_GET_SIZE(dict);
+    Table *tb = &empty_table;
+    if (n > 0) {
+        size_t cap = 8;
+        while (cap < (size_t)n * 2)
+            cap <<= 1;
+        tb = PyMem_Calloc(1, sizeof(Table) + cap * sizeof(Slot));
+        if (tb == NULL)
+            return PyErr_NoMemory();
+        tb->mask = cap - 1;
+        tb->dict = Py_NewRef(dict);
+        Py_ssize_t pos = 0;
+        PyObject *key, *value;
+        while (PyDict_Next(dict, &pos, &key, &value)) {
+            void *addr = PyLong_AsVoidPtr(key);
+            if (addr == NULL) {
+                if (!PyErr_Occurred())
+                    PyErr_SetString(PyExc_ValueError, "publish(): a key is 0");
+                goto fail;
+            }
+            if (!PyTuple_Check(value) || PyTuple_GET_SIZE(value) != 4 ||
+                !PyTuple_Check(PyTuple_GET_ITEM(value, 0)) ||
+                !PyTuple_Check(PyTuple_GET_ITEM(value, 1)) ||
+                !PyLong_Check(PyTuple_GET_ITEM(value, 2)) ||
+                (PyTuple_GET_ITEM(value, 3) != Py_None &&
+                 !PyTuple_Check(PyTuple_GET_ITEM(value, 3)))) {
+                PyErr_SetString(PyExc_TypeError, "publish(): a dispatch entry is not "
+                                "(entry_regs tuple, graph_regs tuple, flags int, marker)");
+                goto fail;
+            }
+            long flags = PyLong_AsLong(PyTuple_GET_ITEM(value, 2));
+            if (flags == -1 && PyErr_Occurred())
+                goto fail;
+            size_t i = hash_ptr(addr) & tb->mask;
+            while (tb->slots[i].key != NULL && tb->slots[i].key != addr)
+                i = (i + 1) & tb->mask;
+            Slot *s = &tb->slots[i];
+            if (s->key == NULL)
+                tb->used++;
+            s->key = addr;
+            Py_XSETREF(s->dispatch, Py_NewRef(value));
+            s->entry = PyTuple_GET_ITEM(value, 0);
+            s->graph = PyTuple_GET_ITEM(value, 1);
+            s->marker = PyTuple_GET_ITEM(value, 3) == Py_None ? NULL : PyTuple_GET_ITEM(value, 3);
+            s->flags = flags;
+        }
+    }
+    /* One pointer store under the GIL: every thread sees the old table or the new one. A
+     * callback that read the old one holds its dispatch tuple, so the old table can go now. */
+    Table *old = table;
+    table = tb;
+    table_free(old);
+    Py_RETURN_NONE;
+fail:
+    table_free(tb);
+    return NULL;
+}
+
+static PyObject *
+get_table(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(arg))
+{
+    return table->dict ? Py_NewRef(table->dict) : PyDict_New();
+}
+
+static PyObject *
+lookup_py(PyObject *Py_UNUSED(module), PyObject *code)
+{
+    const Slot *s = lookup(code);
+    return Py_NewRef(s ? s->dispatch : Py_None);
+}
+
+static PyObject *
+set_max_depth(PyObject *Py_UNUSED(module), PyObject *arg)
+{
+    Py_ssize_t d = PyNumber_AsSsize_t(arg, PyExc_OverflowError);
+    if (d == -1 && PyErr_Occurred())
+        return NULL;
+    max_depth = d;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+get_max_depth(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(arg))
+{
+    return PyLong_FromSsize_t(max_depth);
+}
+
+static PyObject *
+set_sweeping(PyObject *Py_UNUSED(module), PyObject *arg)
+{
+    int on = PyObject_IsTrue(arg);
+    if (on < 0)
+        return NULL;
+    sweeping = on;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+get_sweeping(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(arg))
+{
+    return PyBool_FromLong(sweeping);
+}
+
+static PyObject *
+set_overflow(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "set_overflow(hook, limit)");
+        return NULL;
+    }
+    Py_ssize_t limit = PyNumber_AsSsize_t(args[1], PyExc_OverflowError);
+    if (limit == -1 && PyErr_Occurred())
+        return NULL;
+    PyObject *hook = args[0] == Py_None ? NULL : Py_NewRef(args[0]);
+    Py_XSETREF(overflow_hook, hook);
+    park_limit = limit;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+now_py(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(arg))
+{
+    return PyLong_FromLongLong(now_ns());
+}
+
+static PyMethodDef methods[] = {
+    {"on_start", (PyCFunction)(void (*)(void))on_start, METH_FASTCALL,
+     "PY_START callback (code, offset)."},
+    {"on_return", (PyCFunction)(void (*)(void))on_return, METH_FASTCALL,
+     "PY_RETURN callback (code, offset, retval)."},
+    {"on_unwind", (PyCFunction)(void (*)(void))on_unwind, METH_FASTCALL,
+     "PY_UNWIND callback (code, offset, exc)."},
+    {"on_yield", (PyCFunction)(void (*)(void))on_yield, METH_FASTCALL,
+     "PY_YIELD callback (code, offset, value)."},
+    {"on_resume", (PyCFunction)(void (*)(void))on_resume, METH_FASTCALL,
+     "PY_RESUME (code, offset) and PY_THROW (code, offset, exc) callback."},
+    {"publish", publish, METH_O, "Swap in a new dispatch table {id(code): dispatch}."},
+    {"table", get_table, METH_NOARGS, "The dispatch dict last published."},
+    {"lookup", lookup_py, METH_O, "The dispatch entry of a code object, or None."},
+    {"set_max_depth", set_max_depth, METH_O, "Depth past which calls count as overruns."},
+    {"max_depth", get_max_depth, METH_NOARGS, "The current max depth."},
+    {"set_sweeping", set_sweeping, METH_O, "Hold threads at transitions (engine sweep)."},
+    {"sweeping", get_sweeping, METH_NOARGS, "Whether a sweep is on."},
+    {"set_overflow", (PyCFunction)(void (*)(void))set_overflow, METH_FASTCALL,
+     "set_overflow(hook, limit): hook() runs when more than limit records are parked."},
+    {"now", now_py, METH_NOARGS, "The core's clock (time.perf_counter_ns's), in ns."},
+    {NULL, NULL, 0, NULL},
+};
+
+/* ---------------------------------------------------------------------------------------- */
+/* Import: bind to core.py's objects.                                                       */
+
+static int
+slot_offset(PyTypeObject *tp, const char *name, Py_ssize_t *out)
+{
+    PyObject *d = PyObject_GetAttrString((PyObject *)tp, name);
+    if (d == NULL)
+        return -1;
+    int ok = Py_IS_TYPE(d, &PyMemberDescr_Type) &&
+             ((PyMemberDescrObject *)d)->d_member->type == Py_T_OBJECT_EX;
+    if (ok)
+        *out = ((PyMemberDescrObject *)d)->d_member->offset;
+    Py_DECREF(d);
+    if (!ok) {
+        PyErr_Format(PyExc_ImportError, "rethook: %s.%s is not a __slots__ member",
+                     tp->tp_name, name);
+        return -1;
+    }
+    return 0;
+}
+
+static int
+get_type(const char *name, PyTypeObject **out)
+{
+    PyObject *t = PyObject_GetAttrString(core_mod, name);
+    if (t == NULL)
+        return -1;
+    if (!PyType_Check(t)) {
+        Py_DECREF(t);
+        PyErr_Format(PyExc_ImportError, "rethook: core.%s is not a class", name);
+        return -1;
+    }
+    *out = (PyTypeObject *)t;
+    return 0;
+}
+
+static int
+check_constant(const char *name, long want)
+{
+    PyObject *v = PyObject_GetAttrString(core_mod, name);
+    if (v == NULL)
+        return -1;
+    long got = PyLong_AsLong(v);
+    Py_DECREF(v);
+    if (got == -1 && PyErr_Occurred())
+        return -1;
+    if (got != want) {
+        PyErr_Format(PyExc_ImportError, "rethook: core.%s is %ld, the C core was built for %ld",
+                     name, got, want);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *
+intern(const char *s)
+{
+    return PyUnicode_InternFromString(s);
+}
+
+static struct PyModuleDef moduledef = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "rethook.engine._ccore",
+    .m_doc = "The C twin of rethook.engine.core's hot path (see docs/ccore.md).",
+    .m_size = -1,
+    .m_methods = methods,
+};
+
+PyMODINIT_FUNC
+PyInit__ccore(void)
+{
+    if (PyType_Ready(&TSGuard_Type) < 0)
+        return NULL;
+    core_mod = PyImport_ImportModule("rethook.engine.core");
+    if (core_mod == NULL)
+        return NULL;
+    if (check_constant("REC_KEY", REC_KEY) < 0 || check_constant("REC_CODE", REC_CODE) < 0 ||
+        check_constant("REC_FRAME", REC_FRAME) < 0 || check_constant("REC_TIME", REC_TIME) < 0 ||
+        check_constant("REC_SLEEP", REC_SLEEP) < 0 ||
+        check_constant("REC_PARKED_AT", REC_PARKED_AT) < 0 ||
+        check_constant("REC_HEADER", REC_HEADER) < 0 ||
+        check_constant("WANT_FRAME", WANT_FRAME) < 0 || check_constant("WANT_TIME", WANT_TIME) < 0 ||
+        check_constant("GENERATOR", GENERATOR) < 0 ||
+        check_constant("FLAG_UNFINISHED", FLAG_UNFINISHED) < 0)
+        return NULL;
+    if ((local_obj = PyObject_GetAttrString(core_mod, "_local")) == NULL ||
+        (parked = PyObject_GetAttrString(core_mod, "_parked")) == NULL ||
+        (new_thread_state_fn = PyObject_GetAttrString(core_mod, "_new_thread_state")) == NULL ||
+        (internal_error_fn = PyObject_GetAttrString(core_mod, "internal_error")) == NULL ||
+        (handler_failed_fn = PyObject_GetAttrString(core_mod, "handler_failed")) == NULL)
+        return NULL;
+    if (!PyDict_Check(parked)) {
+        PyErr_SetString(PyExc_ImportError, "rethook: core._parked is not a dict");
+        return NULL;
+    }
+    if (get_type("ThreadState", &ThreadState_t) < 0 ||
+        get_type("Registration", &Registration_t) < 0 ||
+        get_type("EntryRegistration", &EntryRegistration_t) < 0)
+        return NULL;
+    if (slot_offset(ThreadState_t, "stack", &ts_stack) < 0 ||
+        slot_offset(ThreadState_t, "busy", &ts_busy) < 0 ||
+        slot_offset(ThreadState_t, "waiting", &ts_waiting) < 0 ||
+        slot_offset(ThreadState_t, "recursion", &ts_recursion) < 0 ||
+        slot_offset(ThreadState_t, "overrun", &ts_overrun) < 0 ||
+        slot_offset(ThreadState_t, "inflight", &ts_inflight) < 0 ||
+        slot_offset(Registration_t, "entryfunc", &rg_entryfunc) < 0 ||
+        slot_offset(Registration_t, "retfunc", &rg_retfunc) < 0 ||
+        slot_offset(Registration_t, "suspendfunc", &rg_suspendfunc) < 0 ||
+        slot_offset(Registration_t, "resumefunc", &rg_resumefunc) < 0 ||
+        slot_offset(Registration_t, "nmissed", &rg_nmissed) < 0 ||
+        slot_offset(EntryRegistration_t, "func", &er_func) < 0 ||
+        slot_offset(EntryRegistration_t, "nmissed", &er_nmissed) < 0)
+        return NULL;
+    if ((s_ts = intern("ts")) == NULL || (s_guard = intern("_ccore_guard")) == NULL ||
+        (s_sweep_lock = intern("sweep_lock")) == NULL || (s_acquire = intern("acquire")) == NULL ||
+        (s_release = intern("release")) == NULL || (s_stack = intern("stack")) == NULL ||
+        (s_busy = intern("busy")) == NULL || (s_waiting = intern("waiting")) == NULL ||
+        (s_recursion = intern("recursion")) == NULL || (s_overrun = intern("overrun")) == NULL ||
+        (s_inflight = intern("inflight")) == NULL || (s_entryfunc = intern("entryfunc")) == NULL ||
+        (s_retfunc = intern("retfunc")) == NULL || (s_suspendfunc = intern("suspendfunc")) == NULL ||
+        (s_resumefunc = intern("resumefunc")) == NULL || (s_func = intern("func")) == NULL ||
+        (s_nmissed = intern("nmissed")) == NULL)
+        return NULL;
+    if ((zero = PyLong_FromLong(0)) == NULL)
+        return NULL;
+    PyObject *m = PyModule_Create(&moduledef);
+    if (m == NULL)
+        return NULL;
+    if (PyModule_AddIntConstant(m, "REC_HEADER", REC_HEADER) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
