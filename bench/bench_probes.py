@@ -18,7 +18,6 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 import workloads  # noqa: E402
 from bench_engine import compare  # noqa: E402
-
 from rethook.control import Tracefs  # noqa: E402
 
 PROBE = "r:target workloads.target key:string values:len ret=$retval:s64"
