@@ -88,8 +88,9 @@ def _proc(threads: Threads, tid: int) -> str:
     return " " * (spaces // 2) + text + " " * (spaces - spaces // 2)
 
 
-class GraphRenderer:
-    """Streams function_graph lines (and other events as ``/* comments */``)."""
+class _Renderer:
+    """What both renderers keep: the trace's formats, threads and options, and how to print
+    events that are not their tracer's own (probe events, stack traces)."""
 
     def __init__(self, formats: FormatRegistry, threads: Threads, opts: dict[str, bool],
                  t0: int = 0, describe: Callable[[Any, tuple], str] | None = None) -> None:
@@ -97,11 +98,20 @@ class GraphRenderer:
         self.threads = threads
         self.opts = opts
         self.t0 = t0
-        self.describe = describe  # text of non-graph events (probe events, stack traces)
+        self.describe = describe or describe_event
+        self.ids = {f.name: f.id for f in formats}
+
+
+class GraphRenderer(_Renderer):
+    """Streams function_graph lines (and other events as ``/* comments */``)."""
+
+    def __init__(self, formats: FormatRegistry, threads: Threads, opts: dict[str, bool],
+                 t0: int = 0, describe: Callable[[Any, tuple], str] | None = None) -> None:
+        super().__init__(formats, threads, opts, t0, describe)
         self.pending: dict[int, tuple] = {}  # tid -> entry that may be a leaf
         self.open: dict[int, list[tuple[int, str]]] = {}  # tid -> printed (depth, func)
         self.depth: dict[int, int] = {}  # tid -> depth of the last graph event (comments)
-        ids = {f.name: f.id for f in formats}
+        ids = self.ids
         self.ENTRY = ids.get("funcgraph_entry")
         self.EXIT = ids.get("funcgraph_exit")
         self.SUSPEND = ids.get("funcgraph_suspend")
@@ -238,8 +248,7 @@ class GraphRenderer:
 
     def _comment(self, ev: tuple) -> str:
         tid = ev[2]
-        text = self.describe(self.formats.get(ev[0]), ev) if self.describe else str(ev)
-        text = text.replace("\n", " ")
+        text = self.describe(self.formats.get(ev[0]), ev).replace("\n", " ")
         depth = self.depth.get(tid, 0)
         return (f"{self._prologue(ev[1], tid)}{self._duration(None)}{' ' * (depth * INDENT)}"
                 f"/* {text} */")
@@ -257,18 +266,13 @@ def describe_event(fmt: Any, ev: tuple) -> str:
     return f"{fmt.name}: " + " ".join(f"{k}={v}" for k, v in values.items())
 
 
-class FunctionRenderer:
+class FunctionRenderer(_Renderer):
     """Streams ``function`` tracer lines: ``comm-pid [cpu] ts: func <-parent``."""
 
     def __init__(self, formats: FormatRegistry, threads: Threads, opts: dict[str, bool],
                  t0: int = 0, describe: Callable[[Any, tuple], str] | None = None) -> None:
-        self.formats = formats
-        self.threads = threads
-        self.opts = opts
-        self.t0 = t0
-        self.describe = describe or describe_event
-        ids = {f.name: f.id for f in formats}
-        self.FUNC = ids.get("function")
+        super().__init__(formats, threads, opts, t0, describe)
+        self.FUNC = self.ids.get("function")
         self.stats = (0, 0)
 
     def header(self, tracer: str = "function") -> str:

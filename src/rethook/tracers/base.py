@@ -10,7 +10,7 @@ from typing import Any
 
 from rethook.buffer.events import FormatRegistry, clock_ns
 from rethook.buffer.ring import TraceBuffer
-from rethook.engine.engine import Engine, get_engine
+from rethook.engine.engine import Engine, FtraceOps, get_engine
 from rethook.engine.filters import FunctionFilter
 from rethook.engine.registry import Registry
 from rethook.tracers.formats import builtin_registry
@@ -149,6 +149,37 @@ class Tracer:
         if ctx is not None:
             self.stop()
             self.start(ctx)
+
+
+class OpsTracer(Tracer):
+    """A tracer that is one engine user, made by ``make_ops`` when tracing starts."""
+
+    def __init__(self) -> None:
+        self.ops: Any = None
+        self.ctx: TraceContext | None = None
+
+    def make_ops(self, ctx: TraceContext) -> Any:
+        raise NotImplementedError
+
+    def start(self, ctx: TraceContext) -> None:
+        self.ctx = ctx
+        self.ops = self.make_ops(ctx)
+        if isinstance(self.ops, FtraceOps):
+            ctx.engine.register_ftrace_function(self.ops)
+        else:
+            ctx.engine.register_ftrace_graph(self.ops)
+
+    def stop(self) -> None:
+        ops, self.ops = self.ops, None
+        if ops is None:
+            return
+        closing = getattr(ops, "close", None)
+        if closing is not None:
+            closing()
+        if isinstance(ops, FtraceOps):
+            self.ctx.engine.unregister_ftrace_function(ops)
+        else:
+            self.ctx.engine.unregister_ftrace_graph(ops)
 
 
 class NopTracer(Tracer):

@@ -6,7 +6,7 @@ import threading
 from types import CodeType, FrameType
 
 from rethook.engine.engine import FtraceOps
-from rethook.tracers.base import TraceContext, Tracer
+from rethook.tracers.base import OpsTracer, TraceContext
 from rethook.tracers.formats import FUNCTION, STACKTRACE
 
 
@@ -60,23 +60,12 @@ class FunctionOps(FtraceOps):
             st.append((STACKTRACE.id, t, st.tid, stack_text(frame, self.name_of)))
 
 
-class FunctionTracer(Tracer):
+class FunctionTracer(OpsTracer):
     """``function``: every call of the filtered functions, with its caller."""
 
     name = "function"
     uses_options = ("print-parent", "sym-offset", "func_stack_trace")
     formats = (FUNCTION, STACKTRACE)
 
-    def __init__(self) -> None:
-        self.ops: FunctionOps | None = None
-        self.ctx: TraceContext | None = None
-
-    def start(self, ctx: TraceContext) -> None:
-        self.ctx = ctx
-        self.ops = FunctionOps(ctx)
-        ctx.engine.register_ftrace_function(self.ops)
-
-    def stop(self) -> None:
-        if self.ops is not None:
-            self.ctx.engine.unregister_ftrace_function(self.ops)
-            self.ops = None
+    def make_ops(self, ctx: TraceContext) -> FunctionOps:
+        return FunctionOps(ctx)

@@ -17,7 +17,7 @@ from typing import Any
 
 from rethook.engine.core import FLAG_UNFINISHED
 from rethook.engine.engine import FgraphOps
-from rethook.tracers.base import TraceContext, Tracer, bounded_repr, format_args
+from rethook.tracers.base import OpsTracer, TraceContext, bounded_repr, format_args
 from rethook.tracers.formats import (
     EXIT_RAISED,
     FUNCGRAPH_ENTRY,
@@ -66,7 +66,7 @@ class GraphOps(FgraphOps):
         self.name_of = ctx.registry.name
         self._local = threading.local()
         # Roots and notrace functions in modules imported later join as they load.
-        self.unsubscribe = ctx.registry.subscribe(self._new_functions)
+        self.close = ctx.registry.subscribe(self._new_functions)
 
     def _new_functions(self, infos: list) -> None:
         ctx = self.ctx
@@ -168,7 +168,7 @@ class GraphOps(FgraphOps):
         return ts.overrun if ts is not None else 0
 
 
-class FunctionGraphTracer(Tracer):
+class FunctionGraphTracer(OpsTracer):
     """``function_graph``: calls as a nested graph with durations."""
 
     name = "function_graph"
@@ -177,17 +177,5 @@ class FunctionGraphTracer(Tracer):
                     "funcgraph-tail", "funcgraph-retval", "funcgraph-args")
     formats = (FUNCGRAPH_ENTRY, FUNCGRAPH_EXIT, FUNCGRAPH_SUSPEND, FUNCGRAPH_RESUME)
 
-    def __init__(self) -> None:
-        self.ops: GraphOps | None = None
-        self.ctx: TraceContext | None = None
-
-    def start(self, ctx: TraceContext) -> None:
-        self.ctx = ctx
-        self.ops = GraphOps(ctx)
-        ctx.engine.register_ftrace_graph(self.ops)
-
-    def stop(self) -> None:
-        if self.ops is not None:
-            self.ops.unsubscribe()
-            self.ctx.engine.unregister_ftrace_graph(self.ops)
-            self.ops = None
+    def make_ops(self, ctx: TraceContext) -> GraphOps:
+        return GraphOps(ctx)
