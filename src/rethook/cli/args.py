@@ -90,7 +90,8 @@ class ProgramCommand(click.Command):
             else:
                 takes_value |= names
         own, program = split_program_args(list(args), takes_value, optional_value)
-        ctx.meta["probe_events"] = probe_groups(own)
+        if any(isinstance(p, click.Option) and p.name == "events" for p in self.params):
+            ctx.meta["probe_events"] = probe_groups(own)
         if program or "--" in args:
             own = [*own, "--", *program]
         return super().parse_args(ctx, own)
