@@ -595,7 +595,8 @@ def test_probe_events_with_filter_and_triggers_then_hist(tmp_path):
     # 49 documents of 2n+1 characters: those longer than 40 pass the filter (n >= 20)
     assert len(events) == 30
     assert events[0] == "parse: (__main__.<module>@1+11 <- __main__.parse) text=41 ret=20"
-    assert report[6].endswith("<stack trace>") and report[7] == " => __main__.parse+7"  # at its return
+    # the stack trace is taken when the trigger fires: at parse's return
+    assert report[6].endswith("<stack trace>") and report[7] == " => __main__.parse+7"
     hist = rethook("hist", "-i", str(out))
     assert hist.returncode == 0
     # the hist trigger sees every hit (the filter only decides what is recorded): 49 + 1 raised
