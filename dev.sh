@@ -59,10 +59,15 @@ setup() {
         RETHOOK_SETUP_LOCKED=1 flock "$venv.lock" "$0" setup
         return
     fi
-    local stamp="$venv/.rethook-setup" want
-    want="$(cksum pyproject.toml)"
+    local stamp="$venv/.rethook-setup" want cstamp="$venv/.rethook-ccore" cwant
+    want="$(cksum pyproject.toml setup.py)"
+    cwant="$(cksum src/rethook/engine/_ccore.c)"
     if [ -x "$venv/bin/python" ] && good_python "$venv/bin/python" >/dev/null \
         && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+        if [ "$(cat "$cstamp" 2>/dev/null)" != "$cwant" ]; then  # the C core changed: rebuild
+            "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps -e .
+            echo "$cwant" > "$cstamp"
+        fi
         return 0
     fi
     local py
@@ -73,6 +78,8 @@ setup() {
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[dev]"
     echo "$want" > "$stamp"
+    echo "$cwant" > "$cstamp"
+    "$venv/bin/python" -m rethook.engine.select >&2 || true  # says which core runs, and why
 }
 
 cmd="${1:-help}"

@@ -51,9 +51,12 @@ def _version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
         return
     from rethook.engine.engine import get_engine
 
-    engine = get_engine().core.name
-    click.echo(f"rethook {rethook.__version__} (engine: {engine} core, "
+    core = get_engine().core
+    click.echo(f"rethook {rethook.__version__} (engine: {core.name} core, "
                f"{platform.python_implementation()} {platform.python_version()})")
+    note = getattr(core, "note", "")
+    if note:
+        click.echo(note)
     ctx.exit()
 
 

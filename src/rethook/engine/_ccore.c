@@ -20,10 +20,11 @@
  *  - ThreadState and Registration are core.py's __slots__ classes; their slots are read and
  *    written at the offsets their member descriptors give (looked up once at import), so the
  *    hot path never does an attribute lookup. Objects of another type fall back to getattr.
- *  - The current thread's ThreadState is cached in a C thread-local keyed by the
- *    PyThreadState's unique id. The cached pointer is borrowed from a _TSGuard stored in the
- *    same threading.local (core._local._ccore_guard): the guard owns a reference to the
- *    ThreadState and clears the cache when the thread's local dict goes away.
+ *  - The current thread's ThreadState is cached in a small table indexed by the
+ *    PyThreadState's address and checked by its unique id. The cached pointer is borrowed
+ *    from a _TSGuard stored in the same threading.local (core._local._ccore_guard): the guard
+ *    owns a reference to the ThreadState and clears the entry when the thread's local dict
+ *    goes away.
  *
  * Every callback runs with the GIL held. Python handlers it calls may release it; the objects
  * the callback works on are held by strong references across every such call.
@@ -165,7 +166,7 @@ now_ns(void)
 static inline Py_ssize_t
 rec_len(PyObject *rec)
 {
-    if (PyList_Check(rec))
+    if (PyList_CheckExact(rec) || PyList_Check(rec))
         return PyList_GET_SIZE(rec);
     if (PyTuple_Check(rec))
         return PyTuple_GET_SIZE(rec);
@@ -176,7 +177,7 @@ rec_len(PyObject *rec)
 static inline PyObject *
 rec_item(PyObject *rec, Py_ssize_t i)
 {
-    if (PyList_Check(rec))
+    if (PyList_CheckExact(rec) || PyList_Check(rec))
         return i < PyList_GET_SIZE(rec) ? PyList_GET_ITEM(rec, i) : NULL;
     if (PyTuple_Check(rec))
         return i < PyTuple_GET_SIZE(rec) ? PyTuple_GET_ITEM(rec, i) : NULL;
@@ -204,6 +205,76 @@ list_pop(PyObject *list)
     }
     Py_SET_SIZE(list, n - 1); /* the list's reference becomes ours */
     return v;
+}
+
+/* Records: lists with room for the header and one claim. Records whose last reference the
+ * core drops are kept (emptied) on a short freelist and reused, which saves the allocation
+ * and the release of the list and its item array on every call. */
+#define REC_ROOM (REC_HEADER + 2)
+#define REC_FREELIST 32
+#define REC_RECYCLE_MAX 64 /* records with more room than this are freed */
+static PyObject *rec_free[REC_FREELIST];
+static int rec_nfree;
+
+/* An empty record list (size 0, room for REC_ROOM items), or NULL with an error. */
+static inline PyObject *
+rec_new(void)
+{
+    if (rec_nfree > 0)
+        return rec_free[--rec_nfree];
+    PyObject *rec = PyList_New(REC_ROOM);
+    if (rec != NULL)
+        Py_SET_SIZE(rec, 0);
+    return rec;
+}
+
+/* Drop the core's reference to a record: onto the freelist when it was the last one. */
+static void
+rec_release(PyObject *rec)
+{
+    if (rec == NULL)
+        return;
+    if (Py_REFCNT(rec) != 1 || !PyList_CheckExact(rec) || rec_nfree >= REC_FREELIST ||
+        ((PyListObject *)rec)->allocated < REC_ROOM ||
+        ((PyListObject *)rec)->allocated > REC_RECYCLE_MAX) {
+        Py_DECREF(rec);
+        return;
+    }
+    PyObject *items[REC_RECYCLE_MAX]; /* (size <= allocated <= REC_RECYCLE_MAX) */
+    Py_ssize_t n = PyList_GET_SIZE(rec);
+    for (Py_ssize_t i = 0; i < n; i++)
+        items[i] = PyList_GET_ITEM(rec, i);
+    Py_SET_SIZE(rec, 0);
+    for (Py_ssize_t i = 0; i < n; i++)
+        Py_DECREF(items[i]); /* (may run a finaliser: check again below) */
+    if (Py_REFCNT(rec) != 1 || PyList_GET_SIZE(rec) != 0 || rec_nfree >= REC_FREELIST ||
+        ((PyListObject *)rec)->allocated < REC_ROOM ||
+        ((PyListObject *)rec)->allocated > REC_RECYCLE_MAX) {
+        Py_DECREF(rec);
+        return;
+    }
+    rec_free[rec_nfree++] = rec;
+}
+
+/* rec += (reg, data), in place when the record has room. */
+static inline int
+rec_add_claim(PyObject *rec, PyObject *reg, PyObject *data)
+{
+    Py_ssize_t n = PyList_GET_SIZE(rec);
+    if (((PyListObject *)rec)->allocated >= n + 2) {
+        PyObject **it = ((PyListObject *)rec)->ob_item;
+        it[n] = Py_NewRef(reg);
+        it[n + 1] = Py_NewRef(data);
+        Py_SET_SIZE(rec, n + 2);
+        return 0;
+    }
+    if (PyList_Append(rec, reg) < 0)
+        return -1;
+    if (PyList_Append(rec, data) < 0) {
+        Py_XDECREF(list_pop(rec)); /* no half claim */
+        return -1;
+    }
+    return 0;
 }
 
 static inline PyObject *
@@ -328,18 +399,38 @@ finish(PyObject *pending)
 typedef struct {
     PyObject_HEAD
     PyObject *ts;
-    uint64_t id; /* the PyThreadState's unique id */
+    PyThreadState *tstate; /* the thread state whose local dict holds this guard */
+    uint64_t id;           /* its unique id (pointers can be reused, ids are not) */
 } TSGuard;
 
-static _Thread_local uint64_t tls_id;  /* 0: nothing cached (ids start at 1) */
-static _Thread_local PyObject *tls_ts; /* borrowed from the TSGuard in core._local */
+/* The cache: a small table indexed by the PyThreadState's address (no thread-local storage of
+ * our own: in a shared object every access to it is a __tls_get_addr call). Only callbacks
+ * touch it, under the GIL. An entry's ThreadState is borrowed from the TSGuard that set it,
+ * which clears it when it goes away. Two threads hashing to one entry only cost slow paths. */
+#define TS_CACHE 64
+typedef struct {
+    PyThreadState *tstate;
+    uint64_t id;
+    PyObject *ts;
+} TSCacheEntry;
+static TSCacheEntry ts_cache[TS_CACHE];
+
+static inline TSCacheEntry *
+ts_entry(PyThreadState *tstate)
+{
+    return &ts_cache[hash_ptr(tstate) & (TS_CACHE - 1)];
+}
 
 static void
 TSGuard_dealloc(TSGuard *self)
 {
-    if (tls_id == self->id) { /* this thread's local dict is going away */
-        tls_id = 0;
-        tls_ts = NULL;
+    if (self->tstate != NULL) {
+        TSCacheEntry *e = ts_entry(self->tstate);
+        if (e->tstate == self->tstate && e->id == self->id) { /* the local dict goes away */
+            e->tstate = NULL;
+            e->id = 0;
+            e->ts = NULL;
+        }
     }
     Py_XDECREF(self->ts);
     PyObject_Free(self);
@@ -393,6 +484,7 @@ current_ts_slow(PyThreadState *tstate, int create)
             return NULL;
         }
         ((TSGuard *)g)->ts = Py_NewRef(ts);
+        ((TSGuard *)g)->tstate = NULL;
         ((TSGuard *)g)->id = 0;
         if (PyObject_SetAttr(local_obj, s_guard, g) < 0) {
             Py_DECREF(g);
@@ -400,12 +492,15 @@ current_ts_slow(PyThreadState *tstate, int create)
             return NULL;
         }
     }
+    TSCacheEntry *e = ts_entry(tstate);
+    ((TSGuard *)g)->tstate = tstate;
     ((TSGuard *)g)->id = tstate->id;
-    tls_id = tstate->id;
-    tls_ts = ts;
+    e->tstate = tstate;
+    e->id = tstate->id;
+    e->ts = ts;
     Py_DECREF(g);  /* core._local holds the guard */
     Py_DECREF(ts); /* the guard holds the ThreadState */
-    return tls_ts;
+    return ts;
 }
 
 static inline PyObject *
@@ -414,8 +509,9 @@ current_ts(int create)
     PyThreadState *tstate = current_tstate();
     if (tstate == NULL)
         return NULL;
-    if (tstate->id == tls_id)
-        return tls_ts;
+    TSCacheEntry *e = ts_entry(tstate);
+    if (e->tstate == tstate && e->id == tstate->id)
+        return e->ts;
     return current_ts_slow(tstate, create);
 }
 
@@ -442,7 +538,7 @@ static inline PyObject *
 ts_get_stack(PyObject *ts)
 {
     PyObject *stack = SLOT(ts, ts_stack);
-    if (stack == NULL || !PyList_Check(stack)) {
+    if (stack == NULL || !(PyList_CheckExact(stack) || PyList_Check(stack))) {
         PyErr_SetString(PyExc_TypeError, "rethook: ThreadState.stack is not a list");
         return NULL;
     }
@@ -755,19 +851,22 @@ on_start(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     /* Push first, then ask the users (the kernel's order): while entry handlers run, the call
      * is on the stack, so a sweep they cause (unregister, set_filter) sees it. Room for one
      * claim is allocated with the header, so the common case is one allocation. */
-    rec = (t && depth_obj) ? PyList_New(REC_HEADER + 2) : NULL;
+    rec = (t && depth_obj) ? rec_new() : NULL;
     if (rec == NULL) {
         stash_error(&pending);
         push(stack, marker, &pending);
         goto done;
     }
-    Py_SET_SIZE(rec, REC_HEADER);
-    PyList_SET_ITEM(rec, REC_KEY, Py_NewRef((flags & GENERATOR) ? frame : code));
-    PyList_SET_ITEM(rec, REC_CODE, Py_NewRef(code));
-    PyList_SET_ITEM(rec, REC_FRAME, Py_NewRef(frame));
-    PyList_SET_ITEM(rec, REC_TIME, Py_NewRef(t));
-    PyList_SET_ITEM(rec, REC_SLEEP, Py_NewRef(zero));
-    PyList_SET_ITEM(rec, REC_PARKED_AT, Py_NewRef(zero));
+    {
+        PyObject **it = ((PyListObject *)rec)->ob_item;
+        it[REC_KEY] = Py_NewRef((flags & GENERATOR) ? frame : code);
+        it[REC_CODE] = Py_NewRef(code);
+        it[REC_FRAME] = Py_NewRef(frame);
+        it[REC_TIME] = Py_NewRef(t);
+        it[REC_SLEEP] = Py_NewRef(zero);
+        it[REC_PARKED_AT] = Py_NewRef(zero);
+        Py_SET_SIZE(rec, REC_HEADER);
+    }
     if (push(stack, rec, &pending) < 0) {
         push(stack, marker, &pending);
         goto done;
@@ -788,12 +887,8 @@ on_start(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
                 goto done; /* KeyboardInterrupt/SystemExit: the record stays, exit matched */
             continue;
         }
-        if (accepted(data) && (PyList_Append(rec, reg) < 0 || PyList_Append(rec, data) < 0)) {
-            stash_error(&pending);
-            /* drop a half-added claim (the data of that entry is lost) */
-            if ((PyList_GET_SIZE(rec) - REC_HEADER) & 1)
-                Py_XDECREF(list_pop(rec));
-        }
+        if (accepted(data) && rec_add_claim(rec, reg, data) < 0)
+            stash_error(&pending); /* (the data of that entry is lost) */
         Py_DECREF(data);
     }
     Py_ssize_t n = PyList_GET_SIZE(stack);
@@ -807,7 +902,7 @@ on_start(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
         }
     }
 done:
-    Py_XDECREF(rec);
+    rec_release(rec);
     Py_XDECREF(depth_obj);
     Py_XDECREF(t);
     Py_XDECREF(frame);
@@ -829,7 +924,8 @@ exit_state(PyObject **pending)
         return NULL; /* this thread never pushed anything */
     }
     PyObject *stack = SLOT(ts, ts_stack);
-    if (stack == NULL || !PyList_Check(stack) || PyList_GET_SIZE(stack) == 0)
+    if (stack == NULL || !(PyList_CheckExact(stack) || PyList_Check(stack)) ||
+        PyList_GET_SIZE(stack) == 0)
         return NULL;
     if (ts_is_busy(ts))
         return NULL; /* (exits inside handlers belong to calls the handler made) */
@@ -873,7 +969,7 @@ on_return(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
             goto done;
         }
     }
-    if (!PyList_Check(rec))
+    if (!(PyList_CheckExact(rec) || PyList_Check(rec)))
         goto done; /* a marker */
     Py_ssize_t len = PyList_GET_SIZE(rec);
     if (len == REC_HEADER + 2) { /* the common case: one claim, delivered in place */
@@ -887,7 +983,7 @@ on_return(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
             PyObject *rframe = Py_NewRef(PyList_GET_ITEM(rec, REC_FRAME));
             PyObject *data = Py_NewRef(PyList_GET_ITEM(rec, REC_HEADER + 1));
             PyObject *sleep = Py_NewRef(PyList_GET_ITEM(rec, REC_SLEEP));
-            int timed = PyObject_IsTrue(t0);
+            int timed = t0 == zero ? 0 : PyObject_IsTrue(t0);
             PyObject *t1 = timed > 0 ? PyLong_FromLongLong(now_ns()) : Py_NewRef(zero);
             PyObject *depth_obj = PyLong_FromSsize_t(PyList_GET_SIZE(stack));
             if (timed < 0 || t1 == NULL || depth_obj == NULL) {
@@ -914,7 +1010,7 @@ on_return(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     }
     else if (len > REC_HEADER) { /* several claims: newest first, each exactly once */
         PyObject *t0 = PyList_GET_ITEM(rec, REC_TIME);
-        int timed = PyObject_IsTrue(t0);
+        int timed = t0 == zero ? 0 : PyObject_IsTrue(t0);
         PyObject *t = timed > 0 ? PyLong_FromLongLong(now_ns()) : Py_NewRef(zero);
         PyObject *depth_obj = PyLong_FromSsize_t(PyList_GET_SIZE(stack));
         if (timed < 0 || t == NULL || depth_obj == NULL ||
@@ -925,7 +1021,7 @@ on_return(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     }
 done:
     Py_XDECREF(frame);
-    Py_XDECREF(rec);
+    rec_release(rec);
     Py_XDECREF(stack);
     SET_BUSY(ts, 0);
     Py_DECREF(ts);
@@ -975,7 +1071,8 @@ on_unwind(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
         }
     }
     if (PyList_Check(rec) && PyList_GET_SIZE(rec) > REC_HEADER) { /* not a marker */
-        int timed = PyObject_IsTrue(PyList_GET_ITEM(rec, REC_TIME));
+        int timed = PyList_GET_ITEM(rec, REC_TIME) == zero
+                        ? 0 : PyObject_IsTrue(PyList_GET_ITEM(rec, REC_TIME));
         PyObject *t = timed > 0 ? PyLong_FromLongLong(now_ns()) : Py_NewRef(zero);
         PyObject *depth_obj = PyLong_FromSsize_t(PyList_GET_SIZE(stack));
         if (timed < 0 || t == NULL || depth_obj == NULL ||
@@ -986,7 +1083,7 @@ on_unwind(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     }
 done:
     Py_XDECREF(frame);
-    Py_XDECREF(rec);
+    rec_release(rec);
     Py_XDECREF(stack);
     SET_BUSY(ts, 0);
     Py_DECREF(ts);
@@ -1050,7 +1147,7 @@ on_yield(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 done:
     Py_XDECREF(t);
     Py_XDECREF(frame);
-    Py_XDECREF(rec);
+    rec_release(rec);
     Py_XDECREF(stack);
     SET_BUSY(ts, 0);
     Py_DECREF(ts);
@@ -1119,7 +1216,7 @@ on_resume(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 done:
     Py_XDECREF(t);
     Py_XDECREF(frame);
-    Py_XDECREF(rec);
+    rec_release(rec);
     Py_XDECREF(stack);
     SET_BUSY(ts, 0);
     Py_DECREF(ts);
@@ -1261,6 +1358,21 @@ now_py(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(arg))
     return PyLong_FromLongLong(now_ns());
 }
 
+/* Native no-op handlers: measure the core's own cost (bench), or stand in for a user's. */
+static PyObject *
+accept_all(PyObject *Py_UNUSED(module), PyObject *const *Py_UNUSED(args),
+           Py_ssize_t Py_UNUSED(nargs))
+{
+    Py_RETURN_TRUE;
+}
+
+static PyObject *
+ignore(PyObject *Py_UNUSED(module), PyObject *const *Py_UNUSED(args),
+       Py_ssize_t Py_UNUSED(nargs))
+{
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"on_start", (PyCFunction)(void (*)(void))on_start, METH_FASTCALL,
      "PY_START callback (code, offset)."},
@@ -1281,6 +1393,10 @@ static PyMethodDef methods[] = {
     {"sweeping", get_sweeping, METH_NOARGS, "Whether a sweep is on."},
     {"set_overflow", (PyCFunction)(void (*)(void))set_overflow, METH_FASTCALL,
      "set_overflow(hook, limit): hook() runs when more than limit records are parked."},
+    {"accept_all", (PyCFunction)(void (*)(void))accept_all, METH_FASTCALL,
+     "A native entry handler that accepts every call (entry data True)."},
+    {"ignore", (PyCFunction)(void (*)(void))ignore, METH_FASTCALL,
+     "A native handler that does nothing (any arguments)."},
     {"now", now_py, METH_NOARGS, "The core's clock (time.perf_counter_ns's), in ns."},
     {NULL, NULL, 0, NULL},
 };
@@ -1357,6 +1473,12 @@ static struct PyModuleDef moduledef = {
 PyMODINIT_FUNC
 PyInit__ccore(void)
 {
+    if (PyInterpreterState_Get() != PyInterpreterState_Main()) {
+        /* its state is C statics bound to the main interpreter's rethook.engine.core */
+        PyErr_SetString(PyExc_ImportError,
+                        "rethook's C core runs in the main interpreter only");
+        return NULL;
+    }
     if (PyType_Ready(&TSGuard_Type) < 0)
         return NULL;
     core_mod = PyImport_ImportModule("rethook.engine.core");

@@ -49,6 +49,7 @@ from rethook.engine.core import (
 )
 from rethook.engine.filters import FunctionFilter
 from rethook.engine.registry import FunctionInfo, Registry, default_registry
+from rethook.engine.select import choose_core
 
 #: Number of graph-user slots (the kernel's FGRAPH_ARRAY_SIZE is 16).
 FGRAPH_ARRAY_SIZE = 64
@@ -201,9 +202,12 @@ class Engine:
     """One process-wide hook: every user shares its tool id, its callbacks and shadow stacks."""
 
     def __init__(self, registry: Registry | None = None,
-                 max_depth: int = DEFAULT_MAX_DEPTH) -> None:
+                 max_depth: int = DEFAULT_MAX_DEPTH,
+                 core: str | _core.PyCore | None = None) -> None:
+        """``core``: ``"c"``, ``"python"`` or a core object; default: the C core when built
+        (``RETHOOK_ENGINE=python`` forces the pure one; see :mod:`rethook.engine.select`)."""
         self.registry = registry or default_registry()
-        self.core = _core.PyCore()
+        self.core = core if isinstance(core, _core.PyCore) else choose_core(core)
         self.max_depth = max_depth
         self.tool_id: int | None = None
         self._lock = threading.RLock()
