@@ -511,3 +511,32 @@ def test_code_imported_after_registration_is_hooked(engine):
         engine.unregister_ftrace_graph(rec)
     assert rec.names() == ["triple", "triple"]
     rec.assert_exactly_once()
+
+
+def test_keyboard_interrupt_from_an_entry_user_keeps_returns_matched(engine):
+    # Ctrl-C arriving inside a handler reaches the program, but only after the engine's
+    # bookkeeping: the interrupted call's exit still matches its own record.
+    rec = Recorder("deep")
+
+    def interrupt(code, frame):
+        if frame.f_locals["n"] == 2:
+            raise KeyboardInterrupt
+
+    ops = FtraceOps(interrupt, filter="deep")
+    engine.register_ftrace_graph(rec)
+    engine.register_ftrace_function(ops)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            calls.deep(4)
+        assert calls.deep(1) == 1
+    finally:
+        engine.unregister_ftrace_function(ops)
+        engine.unregister_ftrace_graph(rec)
+    rec.assert_exactly_once()
+    # deep(4) and deep(3) got the KeyboardInterrupt as their exception exit (and deep(2) too,
+    # where the core still ran the graph users of the interrupted call: the pure core does,
+    # the C core does not yet); deep(1) and deep(0) then returned normally: nothing drifted
+    excs = [type(r[3]).__name__ for r in rec.returns]
+    interrupted = len(excs) - 2
+    assert interrupted in (2, 3)
+    assert excs == ["KeyboardInterrupt"] * interrupted + ["NoneType"] * 2

@@ -304,10 +304,14 @@ def _inflight() -> list:
         return []
 
 
-def _notify(rec: list, depth: int, t: int, resume: bool) -> None:
-    """Tell a record's users that its generator/coroutine was suspended or resumed."""
+def _notify(rec: list, depth: int, t: int, resume: bool) -> BaseException | None:
+    """Tell a record's users that its generator/coroutine was suspended or resumed.
+
+    Returns a KeyboardInterrupt/SystemExit a handler raised, for the caller to re-raise once
+    its own bookkeeping (parking or pushing the record) is done."""
     code = rec[REC_CODE]
     frame = rec[REC_FRAME]
+    pending = None
     for i in range(REC_HEADER, len(rec), 2):
         reg = rec[i]
         fn = reg.resumefunc if resume else reg.suspendfunc
@@ -317,6 +321,9 @@ def _notify(rec: list, depth: int, t: int, resume: bool) -> None:
             fn(code, frame, depth, rec[i + 1], t)
         except Exception as e:
             handler_failed(reg, e)
+        except BaseException as e:
+            pending = e
+    return pending
 
 
 def _find_exit(ts: ThreadState, frame: FrameType) -> list | tuple | None:
@@ -377,16 +384,19 @@ def _on_start(code: CodeType, offset: int) -> None:
         except KeyError:  # not (or no longer) hooked
             return
         frame = _getframe(1) if flags & WANT_FRAME else None
-        if entry_regs:
-            _call_entry_users(entry_regs, code, frame)
+        pending = _call_entry_users(entry_regs, code, frame) if entry_regs else None
         if not graph:
             if marker is not None:  # draining: keep exits of this function matched
                 ts.stack.append(marker)
+            if pending is not None:
+                raise pending
             return
         stack = ts.stack
         depth = len(stack)
         if depth >= _max_depth:
             _overran(ts, code, marker)
+            if pending is not None:
+                raise pending
             return
         t = _now() if flags & WANT_TIME else 0
         # Push first, then ask the users (the kernel's order): while entry handlers run, the
@@ -416,18 +426,27 @@ def _on_start(code: CodeType, offset: int) -> None:
                 stack.pop()
             else:
                 stack[-1] = marker
+        if pending is not None:
+            raise pending
     except Exception as e:  # a bug of rethook's: never the program's problem
         internal_error(e)
     finally:
         ts.busy = False
 
 
-def _call_entry_users(entry_regs: tuple, code: CodeType, frame: FrameType) -> None:
+def _call_entry_users(entry_regs: tuple, code: CodeType, frame: FrameType
+                      ) -> BaseException | None:
+    """Run the entry users; return a KeyboardInterrupt/SystemExit one raised (re-raised by
+    the caller after the call's record or marker is pushed, so its exit stays matched)."""
+    pending = None
     for e in entry_regs:
         try:
             e.func(code, frame)
         except Exception as exc:
             handler_failed(e, exc)
+        except BaseException as exc:
+            pending = exc
+    return pending
 
 
 def _overran(ts: ThreadState, code: CodeType, marker: tuple | None) -> None:
@@ -556,9 +575,11 @@ def _on_yield(code: CodeType, offset: int, value: Any) -> None:
         t = _now()
         rec[REC_PARKED_AT] = t
         _parked[frame] = rec
-        _notify(rec, len(stack), t, False)
+        pending = _notify(rec, len(stack), t, False)
         if len(_parked) > _park_limit and _overflow is not None:
             _overflow()
+        if pending is not None:
+            raise pending
     except Exception as e:  # a bug of rethook's: never the program's problem
         internal_error(e)
     finally:
@@ -586,8 +607,10 @@ def _on_resume(code: CodeType, offset: int, *exc: Any) -> None:
         t = _now()
         rec[REC_SLEEP] += t - rec[REC_PARKED_AT]
         stack = ts.stack
-        _notify(rec, len(stack), t, True)
+        pending = _notify(rec, len(stack), t, True)
         stack.append(rec)
+        if pending is not None:
+            raise pending
     except Exception as e:  # a bug of rethook's: never the program's problem
         internal_error(e)
     finally:
