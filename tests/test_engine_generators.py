@@ -213,3 +213,29 @@ def test_suspend_and_resume_handlers_see_the_await_points(engine):
 
     run(engine, Awaits(filter="nap"), lambda: asyncio.run(gens.nap(0, "v")))
     assert events == [("suspend", "nap"), ("resume", "nap"), ("return", "nap")]
+
+
+def test_a_discarded_entry_is_not_counted_as_a_closed_return(engine):
+    # B unregisters itself from its own entry handler (its entry is discarded); the generator
+    # is then closed while suspended. Only A's return is delivered, and counted.
+    got = []
+    a = FgraphOps(lambda *_: "a", lambda *r: got.append(("A", r[9])), filter="count", name="A")
+
+    def b_entry(*_):
+        engine.unregister_ftrace_graph(b)
+        return "b"
+
+    b = FgraphOps(b_entry, lambda *r: got.append(("B", r[9])), filter="count", name="B")
+    engine.register_ftrace_graph(a)
+    engine.register_ftrace_graph(b)
+    before = engine.stats()
+    g = gens.count(3)
+    next(g)
+    g.close()
+    engine.unregister_ftrace_graph(a)
+    after = engine.stats()
+    counted = (after["closed_returns"] - before["closed_returns"]
+               + after["unfinished_returns"] - before["unfinished_returns"])
+    flag = FLAG_CLOSED if sys.version_info >= (3, 13) else 0
+    assert got == [("A", flag)]
+    assert counted == (1 if flag else 0)

@@ -603,7 +603,10 @@ class Engine:
                 if rec is None or len(rec) <= REC_HEADER:
                     continue
                 n += 1
-                self._closed_deliveries += len(rec) - REC_HEADER >> 1
+                # count the returns really delivered: not claims of users that discarded
+                # their entry (unregistered from inside it: their retfunc is gone)
+                self._closed_deliveries += sum(
+                    1 for i in range(REC_HEADER, len(rec), 2) if rec[i].retfunc is not None)
                 self.core.deliver(rec, 0, None, GeneratorExit(), rec[REC_PARKED_AT], FLAG_CLOSED)
         finally:
             if me is not None:
