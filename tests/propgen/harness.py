@@ -250,9 +250,13 @@ class Runner:
 
     def may_refilter(self, u: User, selection: frozenset[str]) -> bool:
         """False for a known engine bug's situation (see propgen.known), while it lasts."""
-        if self.by is None or self.by[1] != "entry" or not known.entry_filter_drop_loses_return():
+        if self.by is None or self.by[1] != "entry":
             return True
         name = self.entering[1]
+        suspends = not name.startswith("f")  # g*, b*: generators; a*: coroutines
+        if not (known.entry_filter_drop_loses_generator_return() if suspends
+                else known.entry_filter_drop_loses_return()):
+            return True
         return any(name in (selection if x is u else x.selection()) for x in self.users
                    if x.registered and x.spec.kind == "graph")
 
@@ -381,15 +385,21 @@ def _module_dir() -> str:
     return _tmpdir
 
 
+_loaded: dict[str, Any] = {}  # source -> module: a program seen again (shrinking) is reused
+
+
 def load(program: Program) -> tuple[Any, str, str]:
     """Write the program as a module in a temp dir and import it for real."""
-    name = f"rh_prop_{os.getpid()}_{next(_modules)}"
     source = render(program)
-    path = os.path.join(_module_dir(), name + ".py")
-    with open(path, "w") as f:
-        f.write(source)
-    importlib.invalidate_caches()
-    return importlib.import_module(name), name, source
+    mod = _loaded.get(source)
+    if mod is None:
+        name = f"rh_prop_{os.getpid()}_{next(_modules)}"
+        path = os.path.join(_module_dir(), name + ".py")
+        with open(path, "w") as f:
+            f.write(source)
+        importlib.invalidate_caches()
+        mod = _loaded[source] = importlib.import_module(name)
+    return mod, mod.__name__, source
 
 
 def run(program: Program, specs: list[UserSpec], actions: tuple[Action, ...]) -> Outcome:
@@ -483,6 +493,6 @@ def run(program: Program, specs: list[UserSpec], actions: tuple[Action, ...]) ->
         # The module stays in sys.modules: the registry notices imports made while no engine
         # runs by the number of modules, which a removal would cancel out.
         if gc_was:
-            gc.enable()
-        gc.collect()
+            gc.enable()  # (cyclic garbage of the run goes at the next collection, when no
+            # engine runs: no gc.collect() here, its cost grows with the session's heap)
     return out

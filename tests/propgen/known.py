@@ -1,8 +1,8 @@
 """Probes for engine bugs the property tests found, so the random runs can steer around them
 while they exist (and test those paths again, automatically, once they are fixed).
 
-Each probe runs the bug's minimal reproducer once (the same one as the bug's
-``xfail(strict=True)`` test in tests/test_engine_properties.py) and caches the answer.
+Each probe runs the bug's minimal reproducer (the same one as the bug's test in
+tests/test_engine_properties.py) once per hook core (C or pure Python) and caches the answer.
 """
 
 from __future__ import annotations
@@ -32,12 +32,18 @@ def h():
 
 def r():
     raise KeyError("the program's own")
+
+
+def b():
+    yield 1
+    yield 2
 """
 
 
 @functools.cache
 def probe_module():
-    """A small real module (f, g, h calling HOOK, r raising) in the generated-modules dir."""
+    """A small real module (f, g, h calling HOOK, r raising, b a generator with no try
+    around its yields) in the generated-modules dir."""
     from propgen.harness import _module_dir
 
     name = f"rh_probe_{os.getpid()}"
@@ -98,7 +104,18 @@ def reproduce_last_user_leaves_from_entry_handler() -> dict:
     return stats
 
 
-@functools.cache
+def _per_core(probe):
+    """Cache a probe's answer per core of the process engine (the cores may differ)."""
+    cached = functools.cache(lambda core_name: probe())
+
+    @functools.wraps(probe)
+    def wrapper() -> bool:
+        return cached(get_engine().core.name)
+
+    return wrapper
+
+
+@_per_core
 def other_entry_unregister_loses_claim() -> bool:
     """Bug: a claim made earlier in the same entry is never delivered when another user's
     entry handler unregisters its owner."""
@@ -108,7 +125,7 @@ def other_entry_unregister_loses_claim() -> bool:
         ("a-data", FLAG_UNFINISHED), "unregistered"]
 
 
-@functools.cache
+@_per_core
 def last_user_entry_unregister_leaks_record() -> bool:
     """Bug: the record of the entry running when the last user left from its entry handler is
     pushed after the engine stopped, and stays on the shadow stack."""
@@ -132,6 +149,29 @@ def reproduce_entry_handler_drops_own_function() -> tuple[list, list]:
     eng.register_ftrace_graph(ops)
     try:
         mod.f()
+        at_return = list(got)
+    finally:
+        eng.unregister_ftrace_graph(ops)
+    return at_return, got
+
+
+def reproduce_entry_handler_drops_own_generator() -> tuple[list, list]:
+    """The same as reproduce_entry_handler_drops_own_function, for a generator (whose record
+    is keyed by its frame): returns (returns seen when it finished, returns seen after
+    unregister); the contract: ``[("data", 0)]`` both times."""
+    mod = probe_module()
+    eng = get_engine()
+    got: list = []
+
+    def entry(code, *_):
+        ops.set_filter(f"{mod.__name__}.g")
+        return "data"
+
+    ops = FgraphOps(entry, lambda *r: got.append((r[3], r[9])),
+                    filter=f"{mod.__name__}.b", name="dropper")
+    eng.register_ftrace_graph(ops)
+    try:
+        assert list(mod.b()) == [1, 2]
         at_return = list(got)
     finally:
         eng.unregister_ftrace_graph(ops)
@@ -167,22 +207,73 @@ def reproduce_discarded_claim_counted() -> tuple[list, int]:
     return got, eng.stats()["unfinished_returns"] - before
 
 
-@functools.cache
+@_per_core
 def entry_filter_drop_loses_return() -> bool:
     """Bug: an entry handler that takes the entered function out of every filter loses the
     call's normal return (its return events go off: the entry is not on the stack yet)."""
     return reproduce_entry_handler_drops_own_function() != ([("data", 0)], [("data", 0)])
 
 
-@functools.cache
+@_per_core
+def entry_filter_drop_loses_generator_return() -> bool:
+    """Bug: the same for a generator or coroutine: while its entry handlers run, its record
+    has no claim yet, and the engine's sweep takes such a record for a marker, reading the
+    code from ``rec[0]``, which for a generator record is the frame (the match key): the code
+    is not seen as open, its return events go off, the return is lost."""
+    return reproduce_entry_handler_drops_own_generator() != ([("data", 0)], [("data", 0)])
+
+
+@_per_core
 def discarded_claim_counted() -> bool:
     """Bug: a claim discarded because its user left from its own entry handler stays on the
     record and is later counted in ``unfinished_returns`` though no handler is called."""
     return reproduce_discarded_claim_counted()[1] != 1
 
 
+def reproduce_discarded_claim_counted_as_closed() -> tuple[list, int]:
+    """A and B hook a generator; B leaves from its own entry handler (its entry is discarded);
+    the generator is closed while suspended at a yield outside any try (CPython 3.13 fires no
+    event: the call is delivered with FLAG_CLOSED when A leaves). Returns (returns seen,
+    growth of ``closed_returns``); the contract: one return (A's), counted once."""
+    mod = probe_module()
+    eng = get_engine()
+    got: list = []
+    a = FgraphOps(lambda *_: "a-data", lambda *r: got.append(("A", r[3], r[9])),
+                  filter=f"{mod.__name__}.b", name="A")
+
+    def b_entry(*_):
+        eng.unregister_ftrace_graph(b)
+        return "b-data"
+
+    b = FgraphOps(b_entry, lambda *r: got.append(("B", r[3], r[9])),
+                  filter=f"{mod.__name__}.b", name="B")
+    eng.register_ftrace_graph(a)
+    eng.register_ftrace_graph(b)
+    before = eng.stats()["closed_returns"]
+    try:
+        gen = mod.b()
+        next(gen)
+        gen.close()
+        del gen
+    finally:
+        for ops in (a, b):
+            if ops in eng.users:
+                eng.unregister_ftrace_graph(ops)
+    return got, eng.stats()["closed_returns"] - before
+
+
+@_per_core
+def discarded_claim_counted_as_closed() -> bool:
+    """Bug: the same discarded claim is counted in ``closed_returns`` when its generator's call
+    is delivered with FLAG_CLOSED (3.13: closing a generator at a yield outside any try)."""
+    got, counted = reproduce_discarded_claim_counted_as_closed()
+    return counted > len(got)
+
+
 def probe_all() -> None:
     other_entry_unregister_loses_claim()
     last_user_entry_unregister_leaks_record()
     entry_filter_drop_loses_return()
+    entry_filter_drop_loses_generator_return()
     discarded_claim_counted()
+    discarded_claim_counted_as_closed()

@@ -535,10 +535,13 @@ class Engine:
                     entries.extend((rec, 0) for rec in me.inflight)
                 entries.extend((rec, 0) for rec in list(core.parked().values()))
                 for rec, depth in entries:
-                    if len(rec) <= REC_HEADER:
-                        open_codes.add(id(rec[0]))  # a marker (code,) or a swept record
+                    if len(rec) == 1:  # a marker (code,)
+                        open_codes.add(id(rec[0]))
                         continue
+                    # a record: its key is the frame for generators, so name the code
                     open_codes.add(id(rec[REC_CODE]))
+                    if len(rec) == REC_HEADER:  # swept, or its entry handlers are running
+                        continue
                     if not gone and not everything:
                         continue
                     kept = []
