@@ -61,10 +61,10 @@ setup() {
     fi
     local stamp="$venv/.rethook-setup" want cstamp="$venv/.rethook-ccore" cwant
     want="$(cksum pyproject.toml setup.py)"
-    cwant="$(cksum src/rethook/engine/_ccore.c)"
+    cwant="$(cat src/rethook/engine/_ccore.c src/rethook/buffer/_cring.c src/rethook/buffer/cring.h src/rethook/tracers/_native.c 2>/dev/null | cksum)"
     if [ -x "$venv/bin/python" ] && good_python "$venv/bin/python" >/dev/null \
         && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
-        if [ "$(cat "$cstamp" 2>/dev/null)" != "$cwant" ]; then  # the C core changed: rebuild
+        if [ "$(cat "$cstamp" 2>/dev/null)" != "$cwant" ]; then  # a C source changed: rebuild
             "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps -e .
             echo "$cwant" > "$cstamp"
         fi

@@ -32,11 +32,13 @@ def main() -> None:
           f"median of {args.repeat}")
     state: dict = {}
 
-    def graph_on():
+    def graph_on(native_users: bool = True):
         fs = state["fs"] = Tracefs()
+        fs.ctx.native_users = native_users
         fs.write("buffer_size_kb", "65536")
         fs.write("set_ftrace_filter", "workloads.fib")
         fs.write("current_tracer", "function_graph")
+        state["users"] = type(fs.tracer.ops).__name__
 
     def graph_off():
         fs = state.pop("fs")
@@ -46,10 +48,15 @@ def main() -> None:
 
     compare("(a) function_graph, every call recorded", workloads.run_calls, (n,), graph_on,
             graph_off, args.repeat, calls)
-    print(f"    events written per run: {state['events']:,} (2 per call)")
+    print(f"    users: {state['users']}; events written per run: {state['events']:,} "
+          f"(2 per call)")
+    if state["users"] != "GraphOps":  # the native user ran: show the Python one beside it
+        compare("(a) function_graph, Python users", workloads.run_calls, (n,),
+                lambda: graph_on(False), graph_off, args.repeat, calls)
 
-    def prof_on():
+    def prof_on(native_users: bool = True):
         fs = state["fs"] = Tracefs()
+        fs.ctx.native_users = native_users
         fs.write("set_ftrace_filter", "*:mod:workloads")
         fs.write("function_profile_enabled", "1")
 
@@ -70,6 +77,10 @@ def main() -> None:
                         args.repeat)
     print(f"    profiler overhead / cProfile overhead: "
           f"{(rethook_row['ratio'] - 1) / (cprof_row['ratio'] - 1):.2f}")
+    python_row = compare("(b) function profiler, Python users", workloads.run_mixed, (),
+                         lambda: prof_on(False), prof_off, args.repeat)
+    print(f"    Python users' overhead / cProfile overhead: "
+          f"{(python_row['ratio'] - 1) / (cprof_row['ratio'] - 1):.2f}")
 
 
 if __name__ == "__main__":

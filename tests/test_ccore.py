@@ -734,8 +734,11 @@ def pytest_sessionfinish(session, exitstatus):
     print(f"\\nRETHOOK-CORE-USED: {core}")
 '''
 
-ENGINE_MODULES = ["test_engine.py", "test_engine_generators.py", "test_engine_threads.py",
-                  "test_engine_properties.py", "test_probes.py", "test_tracers.py"]
+# The whole suite but this module (which runs both cores itself): every test of the engine,
+# tracers, probes, buffer, files and command line also runs on the other core.
+ENGINE_MODULES = sorted(name for name in os.listdir(TESTS)
+                        if name.startswith("test_") and name.endswith(".py")
+                        and name != "test_ccore.py")
 
 
 def _force_plugin(tmp_path) -> str:
@@ -747,8 +750,8 @@ def _force_plugin(tmp_path) -> str:
 @needs_c
 @pytest.mark.skipif(bool(os.environ.get("RETHOOK_NO_OTHER_CORE")),
                     reason="RETHOOK_NO_OTHER_CORE is set")
-def test_engine_modules_on_the_other_core(tmp_path):
-    """This process runs the suite on one core; run the engine modules on the other one."""
+def test_the_suite_on_the_other_core(tmp_path):
+    """This process runs the suite on one core; run the rest of the suite on the other one."""
     here = get_engine().core.name  # the core this process's suite runs on
     other = "python" if here == "c" else "c"
     plugin = _force_plugin(tmp_path)

@@ -38,7 +38,5 @@ def test_hits_equal_cprofile_calls_function_by_function(engine):
 
 
 def _hits(fs):
-    ops = fs.profiler.last
-    for table in ops.tables.values():
-        for code, hit, _time, _sq in table.values():
-            yield code, hit
+    for _tid, code, hit, _time, _sq in fs.profiler.last.rows():
+        yield code, hit

@@ -49,6 +49,26 @@ Threads
     path, readers, resize, clear, the gate) holds the thread buffer's lock. A buffer must be
     appended to only by its own thread. Buffers of threads that have ended stay
     readable until :meth:`TraceBuffer.clear`.
+
+The native half
+    Native tracers (written in C) do not append tuples: they write fixed-size records
+    into a C ring (:mod:`rethook.buffer._cring`, layout and writer in ``cring.h``), one per
+    thread, which :meth:`TraceBuffer.native_local` creates and attaches to the thread's
+    ThreadBuffer -- so a thread is still one buffer to count, list and name. A C ring is a
+    plain array indexed by sequence number; its accounting is the same as above (head,
+    floor, clear and read positions, refused records counted), kept by its own methods,
+    which run under the GIL and need no lock. It gets the same ``size_kb`` byte budget,
+    in records of :data:`~rethook.buffer.native.RECORD_BYTES` bytes (fewer bytes than a
+    Python event, so more of them). Every reader merges a thread's native records with
+    its Python events by timestamp (native first at equal timestamps), turning them into
+    the same event tuples the Python tracers append, with names from the ``name_of``
+    given to ``native_local``; counters add up both halves; the configuration
+    (``tracing_on``, overwrite, resize, clear) applies to both. A pipe read reports a
+    ring's loss as two Lost items around its records: the overwritten ones before, the
+    refused ones after (refused records get no sequence number, so where among the
+    records they fell is not known). Native writers do not wake
+    blocked pipe readers: while a native ring exists the pipe polls more often
+    (:data:`NATIVE_PIPE_POLL_SECONDS`).
 """
 
 from __future__ import annotations
@@ -61,8 +81,10 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from operator import itemgetter
-from typing import NamedTuple
+from types import CodeType
+from typing import Any, NamedTuple
 
+from rethook.buffer import native as _native
 from rethook.buffer.events import Event, Lost
 
 #: Nominal memory of one event, used to turn ``size_kb`` into an event count: a 6-item
@@ -86,6 +108,10 @@ DROP_BATCH_EVENTS = 64
 #: How often a blocked pipe reader looks for events in pages that are still being filled
 #: (completed pages wake it at once).
 PIPE_POLL_SECONDS = 0.05
+
+#: How often a blocked pipe reader looks for events while native rings exist: their writers
+#: never wake it, and a ring of the default size fills in a few ms at native speeds.
+NATIVE_PIPE_POLL_SECONDS = 0.005
 
 # Where appends go while tracing is off: a deque that keeps nothing, so a cached append
 # stays valid and costs the same whether or not tracing is on.
@@ -186,6 +212,7 @@ class ThreadBuffer:
         "_clear_seq",
         "_floor",
         "_consumed",
+        "_native",
         "__weakref__",
     )
 
@@ -210,9 +237,16 @@ class ThreadBuffer:
         self._clear_seq = 0  # sequence number at the last clear: counters start here
         self._floor = 0  # events below this are gone (resize, overwrite switched off)
         self._consumed = 0
+        self._native = None  # the thread's C ring (a _cring.Ring), once native_local made it
         self.append, self._retarget = _make_writer(self._slow)
         with self._lock:
             self._poke()
+
+    @property
+    def native(self) -> Any:
+        """The thread's C ring (``rethook.buffer._cring.Ring``), or None if no native user
+        has written from this thread (see :meth:`TraceBuffer.native_local`)."""
+        return self._native
 
     @property
     def name(self) -> str:
@@ -421,35 +455,64 @@ class ThreadBuffer:
         ones not reclaimed yet, plus refused ones being counted. At most ``capacity +
         page_events + min(DROP_BATCH_EVENTS, page_events)``, the ``size_kb`` budget --
         except after a resize that shrinks the pages, until the thread's next append
-        (only the owning thread may cut the page it appends to)."""
+        (only the owning thread may cut the page it appends to). The native ring, if any,
+        is not counted: it is a fixed array of ``native_capacity`` records."""
         with self._lock:
             return self._closed + len(self._live) + len(self._scratch)
 
+    # The C ring is read outside the lock: its methods are atomic under the GIL, and building
+    # its tuples may run a GC finalizer, which must not find this buffer's lock held.
+
     def stats(self) -> ThreadStats:
+        """Counters since the last clear, both halves added up."""
         with self._lock:
             segments, next_seq = self._visible()
             entries = sum(len(e) for _, e in segments)
             written = next_seq - self._clear_seq
             read = self._consumed
-        return ThreadStats(
-            self.tid, self.name, entries, written, written - entries - read, read, self.finished
-        )
+        lost = written - entries - read
+        ring = self._native
+        if ring is not None:
+            n_entries, n_written, n_lost, n_read = ring.stats()
+            entries, written, lost, read = (entries + n_entries, written + n_written,
+                                            lost + n_lost, read + n_read)
+        return ThreadStats(self.tid, self.name, entries, written, lost, read, self.finished)
 
     def events(self) -> list[Event]:
-        """A copy of the events held, oldest first, without consuming them."""
+        """A copy of the events held, oldest first (by timestamp, native records merged in),
+        without consuming them."""
         with self._lock:
             segments, _ = self._visible()
         out: list[Event] = []
         for _, events in segments:
             out += events
-        return out
+        ring = self._native
+        if ring is None:
+            return out
+        return _native.merge_events(
+            _native.decode(ring.events(), self.tid, self._owner._name_of), out)
 
     def _consume(self) -> list[Event | Lost]:
         """Take every visible event, with ``Lost`` items where sequence numbers skip.
 
         Loss after the last event (a full non-overwrite buffer still refusing) is
         reported too, so a pipe that reads to the end has seen every lost event.
+        Native records are merged in by timestamp, with their own Lost items (see
+        :func:`rethook.buffer.native.consumed_items`).
         """
+        items = self._consume_python()
+        ring = self._native
+        if ring is None:
+            return items
+        native = _native.consumed_items(ring.consume(), self.tid, self._owner._name_of)
+        if not native:
+            return items
+        if not items:
+            return native
+        merged = heapq.merge(_keyed_by_time(native), _keyed_by_time(items), key=itemgetter(0))
+        return [item for _, item in merged]
+
+    def _consume_python(self) -> list[Event | Lost]:
         with self._lock:
             segments, next_seq = self._visible()
             items: list[Event | Lost] = []
@@ -485,6 +548,8 @@ class ThreadBuffer:
             self._closed = 0
             if self._dropping:
                 self._poke()  # room again
+        if self._native is not None:
+            self._native.clear()  # releases code objects: not under the lock
 
     def __repr__(self) -> str:
         return f"<ThreadBuffer tid={self.tid} name={self.name!r}>"
@@ -516,7 +581,8 @@ class TraceBuffer:
 
     ``size_kb`` is each thread's budget (like ``buffer_size_kb``, per CPU there);
     ``overwrite`` chooses between dropping the oldest events when full (True, the
-    kernel's default) and refusing the newest (False).
+    kernel's default) and refusing the newest (False). Native tracers write into C
+    rings attached to the same per-thread buffers (:meth:`native_local`).
     """
 
     def __init__(self, size_kb: int = DEFAULT_SIZE_KB, overwrite: bool = True) -> None:
@@ -530,6 +596,9 @@ class TraceBuffer:
         self._cond = threading.Condition(threading.Lock())
         self._waiting = 0  # blocked pipe readers; writers only signal when there are some
         self._pipe_lock = threading.Lock()  # one consuming read at a time
+        self._native_capacity = _native.native_capacity(size_kb)
+        self._name_of: _native.NameOf = _native.default_name_of
+        self._poll_seconds = PIPE_POLL_SECONDS  # NATIVE_PIPE_POLL_SECONDS once a ring exists
 
     # -- writers --------------------------------------------------------------------------
 
@@ -556,6 +625,34 @@ class TraceBuffer:
         """Append to the calling thread's buffer (convenient; tracers cache ``local().append``)."""
         self.local().append(event)
 
+    @staticmethod
+    def native_available() -> bool:
+        """Whether native rings can be made (the ``_cring`` extension is built)."""
+        return _native.NATIVE_AVAILABLE
+
+    def native_local(self, name_of: Callable[[CodeType], str]) -> Any:
+        """The calling thread's C ring (a ``rethook.buffer._cring.Ring``), created on first
+        use and attached to the thread's buffer (:meth:`local`). Native tracers write into
+        it from C; cache it per thread, like ``local().append``.
+
+        ``name_of(code) -> str`` names the records' code objects when they are read (the
+        registry's ``name``); the last one given is used for every thread's ring. Raises
+        :class:`~rethook.buffer.native.NativeRingUnavailable` (an ImportError) if the
+        extension is not built: check :meth:`native_available` first.
+        """
+        self._name_of = name_of
+        buf = self.local()
+        ring = buf._native
+        if ring is None:
+            ring_type = _native.ring_type()
+            with self._lock:  # no configuration change between reading it and attaching
+                ring = ring_type(self._native_capacity, buf.tid)
+                ring.on = self._on
+                ring.overwrite = self._overwrite
+                buf._native = ring
+                self._poll_seconds = NATIVE_PIPE_POLL_SECONDS
+        return ring
+
     # -- configuration ----------------------------------------------------------------------
 
     @property
@@ -572,6 +669,12 @@ class TraceBuffer:
         return self._page_events
 
     @property
+    def native_capacity(self) -> int:
+        """Most records one thread's native ring holds: the same ``size_kb`` budget, in
+        records of :data:`~rethook.buffer.native.RECORD_BYTES` bytes."""
+        return self._native_capacity
+
+    @property
     def overwrite(self) -> bool:
         return self._overwrite
 
@@ -585,6 +688,9 @@ class TraceBuffer:
                     buf._floor = max(buf._floor, buf._window_floor(self._capacity))
                     buf._cut_to(None)
             self._overwrite = value
+            for buf in buffers:
+                if buf._native is not None:
+                    buf._native.overwrite = value
 
     @property
     def tracing_on(self) -> bool:
@@ -593,13 +699,17 @@ class TraceBuffer:
     @tracing_on.setter
     def tracing_on(self, value: bool) -> None:
         """The ``tracing_on`` gate: while off, appends are not made (nor counted)."""
-        with self._reconfiguring():
+        with self._reconfiguring() as buffers:
             self._on = bool(value)
+            for buf in buffers:
+                if buf._native is not None:
+                    buf._native.on = self._on
 
     def resize(self, size_kb: int) -> None:
         """Change every thread's budget. Shrinking keeps the newest events; the older
-        ones that no longer fit are counted as lost."""
+        ones that no longer fit are counted as lost. Native rings too."""
         capacity, page_events = buffer_geometry(size_kb)
+        native_capacity = _native.native_capacity(size_kb)
         with self._reconfiguring() as buffers:
             for buf in buffers:
                 # keep the newest that fit; and what the ring already overwrote stays lost
@@ -607,8 +717,11 @@ class TraceBuffer:
                 keep = min(capacity, self._capacity)
                 buf._floor = max(buf._floor, buf._window_floor(keep))
             self._capacity, self._page_events, self._size_kb = capacity, page_events, size_kb
+            self._native_capacity = native_capacity
             for buf in buffers:
                 buf._cut_to(capacity)
+                if buf._native is not None:
+                    buf._native.resize(native_capacity)
 
     @contextmanager
     def _reconfiguring(self) -> Iterator[list[ThreadBuffer]]:
@@ -741,7 +854,7 @@ class TracePipe:
             items = buffer._consume_all()
             if items:
                 return items
-            wait = PIPE_POLL_SECONDS
+            wait = buffer._poll_seconds
             if deadline is not None:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:

@@ -385,8 +385,10 @@ def _on_start(code: CodeType, offset: int) -> None:
             return
         frame = _getframe(1) if flags & WANT_FRAME else None
         pending = _call_entry_users(entry_regs, code, frame) if entry_regs else None
-        if not graph:
-            if marker is not None:  # draining: keep exits of this function matched
+        if not graph or pending is not None:
+            # draining (no graph users), or Ctrl-C from an entry user, which goes through at
+            # once: the call's graph users never see it; its exit stays matched by the marker
+            if marker is not None:
                 ts.stack.append(marker)
             if pending is not None:
                 raise pending
@@ -426,8 +428,6 @@ def _on_start(code: CodeType, offset: int) -> None:
                 stack.pop()
             else:
                 stack[-1] = marker
-        if pending is not None:
-            raise pending
     except Exception as e:  # a bug of rethook's: never the program's problem
         internal_error(e)
     finally:
@@ -436,17 +436,16 @@ def _on_start(code: CodeType, offset: int) -> None:
 
 def _call_entry_users(entry_regs: tuple, code: CodeType, frame: FrameType
                       ) -> BaseException | None:
-    """Run the entry users; return a KeyboardInterrupt/SystemExit one raised (re-raised by
-    the caller after the call's record or marker is pushed, so its exit stays matched)."""
-    pending = None
+    """Run the entry users; return a KeyboardInterrupt/SystemExit one raised, at once (the
+    caller re-raises it after pushing the call's marker, so its exit stays matched)."""
     for e in entry_regs:
         try:
             e.func(code, frame)
         except Exception as exc:
             handler_failed(e, exc)
         except BaseException as exc:
-            pending = exc
-    return pending
+            return exc
+    return None
 
 
 def _overran(ts: ThreadState, code: CodeType, marker: tuple | None) -> None:

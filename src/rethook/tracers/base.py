@@ -122,6 +122,8 @@ class TraceContext:
         self.graph_notrace = FunctionFilter(registry=self.registry)
         self.max_graph_depth = 0  # 0: no limit
         self.tracing_thresh_ns = 0  # 0: off
+        # The built-in tracers' users in C where they can run (tracers/native.py decides).
+        self.native_users = True
 
     def name(self, code: CodeType) -> str:
         return self.registry.name(code)

@@ -8,6 +8,7 @@ from types import CodeType, FrameType
 from rethook.engine.engine import FtraceOps
 from rethook.tracers.base import OpsTracer, TraceContext
 from rethook.tracers.formats import FUNCTION, STACKTRACE
+from rethook.tracers.native import install_handlers, native_unavailable, native_user
 
 
 def stack_text(frame: FrameType | None, name_of, limit: int = 64) -> str:
@@ -68,4 +69,7 @@ class FunctionTracer(OpsTracer):
     formats = (FUNCTION, STACKTRACE)
 
     def make_ops(self, ctx: TraceContext) -> FunctionOps:
-        return FunctionOps(ctx)
+        ops = FunctionOps(ctx)
+        if native_unavailable(ctx, "function") is None:
+            install_handlers(ops, native_user("function", ctx), ("func",))
+        return ops

@@ -25,6 +25,12 @@ from rethook.tracers.formats import (
     FUNCGRAPH_RESUME,
     FUNCGRAPH_SUSPEND,
 )
+from rethook.tracers.native import (
+    GRAPH_HANDLERS,
+    install_handlers,
+    native_unavailable,
+    native_user,
+)
 
 # What the entry data's kind says the exit has to do.
 _RECORD = 0  # a traced call: record its exit
@@ -168,6 +174,19 @@ class GraphOps(FgraphOps):
         return ts.overrun if ts is not None else 0
 
 
+class NativeGraphOps(GraphOps):
+    """The same user with its per-call work in C (tracers/native.py, _native.c)."""
+
+    def __init__(self, ctx: TraceContext) -> None:
+        super().__init__(ctx)
+        # roots and skip are shared with the C side: _new_functions' additions reach it
+        user = native_user("function_graph", ctx, roots=self.roots, skip=self.skip,
+                           max_depth=self.max_depth, thresh=self.thresh,
+                           sleep_time=self.sleep_time, exit_raised=EXIT_RAISED,
+                           overrun_of=self._overruns if self.overrun else None)
+        install_handlers(self, user, GRAPH_HANDLERS)
+
+
 class FunctionGraphTracer(OpsTracer):
     """``function_graph``: calls as a nested graph with durations."""
 
@@ -178,4 +197,6 @@ class FunctionGraphTracer(OpsTracer):
     formats = (FUNCGRAPH_ENTRY, FUNCGRAPH_EXIT, FUNCGRAPH_SUSPEND, FUNCGRAPH_RESUME)
 
     def make_ops(self, ctx: TraceContext) -> GraphOps:
+        if native_unavailable(ctx, "function_graph") is None:
+            return NativeGraphOps(ctx)
         return GraphOps(ctx)

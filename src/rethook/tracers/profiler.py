@@ -18,6 +18,7 @@ from typing import Any
 
 from rethook.engine.engine import FgraphOps
 from rethook.tracers.base import TraceContext
+from rethook.tracers.native import GRAPH_HANDLERS, install_handlers, native_unavailable, native_user
 
 
 @dataclass
@@ -97,19 +98,22 @@ class ProfileOps(FgraphOps):
             row[2] += spent
             row[3] += spent * spent
 
-    def stats(self, name_of, tid: int | None = None) -> list[FunctionStat]:
-        """Rows for one thread (``trace_stat/functionN``) or all threads, by time, longest first."""
+    def rows(self) -> list[tuple[int, CodeType, int, int, int]]:
+        """``(tid, code, hit, time_ns, time_sq)`` for every thread and function."""
         with self._lock:
             tables = list(self.tables.items())
+        return [(tid, *row) for tid, table in tables for row in list(table.values())]
+
+    def stats(self, name_of, tid: int | None = None) -> list[FunctionStat]:
+        """Rows for one thread (``trace_stat/functionN``) or all threads, by time, longest first."""
         merged: dict[int, list] = {}
-        for t, table in tables:
+        for t, code, hit, time_ns, sq in self.rows():
             if tid is not None and t != tid:
                 continue
-            for key, (code, hit, time_ns, sq) in list(table.items()):
-                row = merged.setdefault(key, [code, 0, 0, 0])
-                row[1] += hit
-                row[2] += time_ns
-                row[3] += sq
+            row = merged.setdefault(id(code), [code, 0, 0, 0])
+            row[1] += hit
+            row[2] += time_ns
+            row[3] += sq
         out = [FunctionStat(name_of(code), hit, time_ns, sq)
                for code, hit, time_ns, sq in merged.values()]
         out.sort(key=lambda s: (-s.time_ns, -s.hit, s.name))
@@ -118,6 +122,22 @@ class ProfileOps(FgraphOps):
     def threads(self) -> list[int]:
         with self._lock:
             return list(self.tables)
+
+
+class NativeProfileOps(ProfileOps):
+    """The same user with its per-call work in C (tracers/native.py, _native.c): its own
+    per-thread stack of open calls finds a call's parent, where ProfileOps asks parent_data."""
+
+    def __init__(self, ctx: TraceContext) -> None:
+        super().__init__(ctx)
+        user = native_user("profile", graph_time=self.graph_time, sleep_time=self.sleep_time)
+        install_handlers(self, user, GRAPH_HANDLERS)
+
+    def rows(self) -> list[tuple[int, CodeType, int, int, int]]:
+        return self.native.rows()
+
+    def threads(self) -> list[int]:
+        return self.native.threads()
 
 
 class FunctionProfiler:
@@ -136,7 +156,8 @@ class FunctionProfiler:
         if self.ops is not None:
             return
         self.ctx = ctx
-        self.ops = self.last = ProfileOps(ctx)
+        native = native_unavailable(ctx, "profile") is None
+        self.ops = self.last = (NativeProfileOps if native else ProfileOps)(ctx)
         ctx.engine.register_ftrace_graph(self.ops)
 
     def stop(self) -> None:

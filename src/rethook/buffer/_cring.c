@@ -1,0 +1,490 @@
+/*
+ * rethook.buffer._cring -- the C ring buffer: one array of fixed-size records per thread.
+ *
+ * This module owns the rh_ring type declared in cring.h: its allocation, its accounting and
+ * its readers. Native users (rethook.tracers._native) write records with the inline
+ * rh_ring_reserve() of cring.h and find the type through the capsule _C_API; Python writes
+ * through Ring.write(). rethook.buffer.ring attaches one ring to each thread's ThreadBuffer
+ * and turns the raw records read here into the event tuples its readers merge (native.py).
+ *
+ * Everything runs under the GIL and nothing here takes a lock. What a method reads or changes
+ * in the ring it does in one step that cannot run Python code (no object allocation, no
+ * DECREF reaching zero); only then does it build Python objects or release references, from
+ * records it has copied or moved out of the ring. Python code that runs meanwhile (a GC
+ * finalizer) may write into the ring or read it without seeing it half changed.
+ *
+ * Invariant: exactly the records with sequence numbers in [floor, head) hold references;
+ * every other slot is empty (rh_ring_reserve takes out what the slot it overwrites held,
+ * released by rh_ring_done; consume, clear and resize move or release what leaves the
+ * readable range).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stddef.h>
+
+#include "cring.h"
+
+#if PY_VERSION_HEX < 0x030C0000
+#error "rethook's C ring needs CPython 3.12 or newer"
+#endif
+#ifdef Py_GIL_DISABLED
+#error "rethook's C ring relies on the GIL; free-threaded builds use the pure-Python ring"
+#endif
+#ifdef Py_LIMITED_API
+#error "rethook's C ring uses CPython's non-limited API"
+#endif
+
+static PyTypeObject Ring_Type;
+
+/* ---------------------------------------------------------------------------------------- */
+/* helpers                                                                                   */
+
+static inline rh_rec *
+slot(rh_ring *r, uint64_t seq)
+{
+    return &r->recs[seq % r->capacity];
+}
+
+/* Release every reference held by n records of an array that is no longer the ring's. */
+static void
+release_array(rh_rec *recs, uint64_t n)
+{
+    for (uint64_t i = 0; i < n; i++)
+        rh_rec_clear(&recs[i]);
+}
+
+/* Copy the readable records [floor, head) out, oldest first. take: move their references
+ * (the ring slots are left empty); otherwise the copies get new references. Runs no Python
+ * code. Returns NULL with MemoryError set (the ring unchanged) on failure; *n gets the count. */
+static rh_rec *
+copy_out(rh_ring *r, int take, uint64_t *n)
+{
+    uint64_t count = r->head - r->floor;
+    /* count <= capacity, whose array was allocated: count * sizeof cannot overflow */
+    rh_rec *out = PyMem_Malloc(count ? (size_t)count * sizeof(rh_rec) : 1);
+    if (out == NULL) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (uint64_t i = 0; i < count; i++) {
+        rh_rec *s = slot(r, r->floor + i);
+        out[i] = *s;
+        if (take) {
+            s->code = NULL;
+            s->parent = NULL;
+        }
+        else {
+            Py_XINCREF(out[i].code);
+            Py_XINCREF(out[i].parent);
+        }
+    }
+    *n = count;
+    return out;
+}
+
+/* (type, ts, code, parent_or_None, depth, calltime, sleep, flags, overrun) */
+static PyObject *
+rec_tuple(const rh_rec *rec)
+{
+    PyObject *t = PyTuple_New(9);
+    if (t == NULL)
+        return NULL;
+    PyObject *v;
+#define SET(i, expr)                  \
+    do {                              \
+        if ((v = (expr)) == NULL) {   \
+            Py_DECREF(t);             \
+            return NULL;              \
+        }                             \
+        PyTuple_SET_ITEM(t, (i), v);  \
+    } while (0)
+    SET(0, PyLong_FromLong(rec->type));
+    SET(1, PyLong_FromLongLong(rec->ts));
+    SET(2, Py_NewRef(rec->code != NULL ? rec->code : Py_None));
+    SET(3, Py_NewRef(rec->parent != NULL ? rec->parent : Py_None));
+    SET(4, PyLong_FromLong(rec->depth));
+    SET(5, PyLong_FromLongLong(rec->calltime));
+    SET(6, PyLong_FromLongLong(rec->sleep));
+    SET(7, PyLong_FromLong(rec->flags));
+    SET(8, PyLong_FromLong(rec->overrun));
+#undef SET
+    return t;
+}
+
+/* A list of the tuples of n copied records (the copies keep their references). */
+static PyObject *
+rec_list(const rh_rec *recs, uint64_t n)
+{
+    PyObject *list = PyList_New((Py_ssize_t)n);
+    if (list == NULL)
+        return NULL;
+    for (uint64_t i = 0; i < n; i++) {
+        PyObject *t = rec_tuple(&recs[i]);
+        if (t == NULL) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, (Py_ssize_t)i, t);
+    }
+    return list;
+}
+
+static int
+parse_capacity(PyObject *arg, uint64_t *out)
+{
+    Py_ssize_t cap = PyNumber_AsSsize_t(arg, PyExc_OverflowError);
+    if (cap == -1 && PyErr_Occurred())
+        return -1;
+    if (cap < 1) {
+        PyErr_Format(PyExc_ValueError, "ring capacity must be >= 1, got %zd", cap);
+        return -1;
+    }
+    if ((size_t)cap > PY_SSIZE_T_MAX / sizeof(rh_rec)) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    *out = (uint64_t)cap;
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* the type                                                                                  */
+
+static PyObject *
+ring_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"capacity", "tid", NULL};
+    PyObject *cap_obj, *tid_obj;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO:Ring", kwlist, &cap_obj, &tid_obj))
+        return NULL;
+    uint64_t capacity;
+    if (parse_capacity(cap_obj, &capacity) < 0)
+        return NULL;
+    if (!PyLong_Check(tid_obj)) {
+        PyErr_SetString(PyExc_TypeError, "tid must be an int");
+        return NULL;
+    }
+    unsigned long long tid = PyLong_AsUnsignedLongLong(tid_obj);
+    if (tid == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    rh_rec *recs = PyMem_Calloc((size_t)capacity, sizeof(rh_rec));
+    if (recs == NULL)
+        return PyErr_NoMemory();
+    rh_ring *r = (rh_ring *)type->tp_alloc(type, 0);
+    if (r == NULL) {
+        PyMem_Free(recs);
+        return NULL;
+    }
+    /* tp_alloc zeroed the counters and weakreflist */
+    r->recs = recs;
+    r->capacity = capacity;
+    r->tid = tid;
+    r->on = 1;
+    r->overwrite = 1;
+    return (PyObject *)r;
+}
+
+static void
+ring_dealloc(rh_ring *r)
+{
+    if (r->weakreflist != NULL)
+        PyObject_ClearWeakRefs((PyObject *)r);
+    rh_rec *recs = r->recs;
+    uint64_t capacity = r->capacity;
+    r->recs = NULL;
+    r->floor = r->head;
+    if (recs != NULL) {
+        release_array(recs, capacity);
+        PyMem_Free(recs);
+    }
+    Py_TYPE(r)->tp_free((PyObject *)r);
+}
+
+static PyObject *
+ring_repr(rh_ring *r)
+{
+    return PyUnicode_FromFormat("<rethook.buffer._cring.Ring tid=%llu capacity=%llu entries=%llu>",
+                                (unsigned long long)r->tid, (unsigned long long)r->capacity,
+                                (unsigned long long)(r->head - r->floor));
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* methods                                                                                   */
+
+static PyObject *
+ring_write(rh_ring *r, PyObject *args)
+{
+    int type, depth, flags, overrun;
+    long long ts, calltime, sleep;
+    PyObject *code, *parent;
+    if (!PyArg_ParseTuple(args, "iLOOiLLii:write", &type, &ts, &code, &parent, &depth,
+                          &calltime, &sleep, &flags, &overrun))
+        return NULL;
+    /* readers name records with the registry, which knows code objects only */
+    if (!PyCode_Check(code)) {
+        PyErr_Format(PyExc_TypeError, "code must be a code object, not %.100s",
+                     Py_TYPE(code)->tp_name);
+        return NULL;
+    }
+    if (parent == Py_None)
+        parent = NULL;
+    else if (!PyCode_Check(parent)) {
+        PyErr_Format(PyExc_TypeError, "parent must be a code object or None, not %.100s",
+                     Py_TYPE(parent)->tp_name);
+        return NULL;
+    }
+    rh_stale stale;
+    rh_rec *rec = rh_ring_reserve(r, &stale);
+    if (rec == NULL)
+        Py_RETURN_FALSE;
+    rec->ts = ts;
+    rec->code = Py_NewRef(code);
+    rec->parent = Py_XNewRef(parent);
+    rec->calltime = calltime;
+    rec->sleep = sleep;
+    rec->type = type;
+    rec->depth = depth;
+    rec->flags = flags;
+    rec->overrun = overrun;
+    rh_ring_done(&stale);
+    Py_RETURN_TRUE;
+}
+
+static PyObject *
+ring_events(rh_ring *r, PyObject *Py_UNUSED(ignored))
+{
+    uint64_t n;
+    rh_rec *copy = copy_out(r, 0, &n);
+    if (copy == NULL)
+        return NULL;
+    PyObject *list = rec_list(copy, n);
+    release_array(copy, n);
+    PyMem_Free(copy);
+    return list;
+}
+
+static PyObject *
+ring_consume(rh_ring *r, PyObject *Py_UNUSED(ignored))
+{
+    uint64_t lost_before = r->floor - r->read_pos, lost_after = r->refused_unreported;
+    uint64_t clear_seq = r->clear_seq, n;
+    rh_rec *taken = copy_out(r, 1, &n);
+    if (taken == NULL)
+        return NULL;
+    /* the read is done: from here on the ring may be written (or read) by code we run */
+    r->read_pos = r->floor = r->head;
+    r->consumed += n;
+    r->refused_unreported = 0;
+    PyObject *records = rec_list(taken, n);
+    PyObject *result = NULL;
+    if (records != NULL)
+        result = Py_BuildValue("(KNK)", (unsigned long long)lost_before, records,
+                               (unsigned long long)lost_after);
+    if (result == NULL && r->clear_seq == clear_seq && r->consumed >= n) {
+        /* Out of memory: the records left the ring but reach no reader. Count them as lost,
+         * and have the next consuming read report the whole batch as a gap (after its
+         * records: where they were is not known any more). Skipped if a clear intervened. */
+        r->consumed -= n;
+        r->refused_unreported += lost_before + n + lost_after;
+    }
+    release_array(taken, n);
+    PyMem_Free(taken);
+    return result;
+}
+
+static PyObject *
+ring_stats(rh_ring *r, PyObject *Py_UNUSED(ignored))
+{
+    uint64_t entries = r->head - r->floor;
+    uint64_t written = r->head - r->clear_seq + r->refused;
+    uint64_t read = r->consumed;
+    uint64_t lost = written - entries - read;
+    return Py_BuildValue("(KKKK)", (unsigned long long)entries, (unsigned long long)written,
+                         (unsigned long long)lost, (unsigned long long)read);
+}
+
+static PyObject *
+ring_clear(rh_ring *r, PyObject *Py_UNUSED(ignored))
+{
+    r->floor = r->clear_seq = r->read_pos = r->head;
+    r->consumed = r->refused = r->refused_unreported = 0;
+    rh_rec *fresh = PyMem_Calloc((size_t)r->capacity, sizeof(rh_rec));
+    if (fresh == NULL) {
+        /* No spare array: empty the slots in place. A finalizer run by a DECREF could write
+         * a record into a slot not cleared yet; empty only the slots below the new head. */
+        uint64_t head = r->head, cap = r->capacity;
+        for (uint64_t i = 0; i < cap && r->head == head; i++)
+            rh_rec_clear(&r->recs[i]);
+        Py_RETURN_NONE;
+    }
+    rh_rec *old = r->recs;
+    r->recs = fresh;
+    release_array(old, r->capacity);
+    PyMem_Free(old);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+ring_resize(rh_ring *r, PyObject *arg)
+{
+    uint64_t capacity;
+    if (parse_capacity(arg, &capacity) < 0)
+        return NULL;
+    rh_rec *fresh = PyMem_Calloc((size_t)capacity, sizeof(rh_rec));
+    if (fresh == NULL)
+        return PyErr_NoMemory();
+    uint64_t entries = r->head - r->floor;
+    uint64_t keep = entries < capacity ? entries : capacity;
+    uint64_t old_capacity = r->capacity;
+    rh_rec *old = r->recs;
+    /* move the newest `keep` records; the older ones stay in `old`, released below */
+    for (uint64_t seq = r->head - keep; seq != r->head; seq++) {
+        rh_rec *s = &old[seq % old_capacity];
+        fresh[seq % capacity] = *s;
+        s->code = NULL;
+        s->parent = NULL;
+    }
+    r->recs = fresh;
+    r->capacity = capacity;
+    r->floor = r->head - keep; /* read_pos stays: the next consuming read reports the gap */
+    release_array(old, old_capacity);
+    PyMem_Free(old);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef ring_methods[] = {
+    {"write", (PyCFunction)ring_write, METH_VARARGS,
+     "write(type, ts, code, parent, depth, calltime, sleep, flags, overrun) -> bool\n\n"
+     "Write one record as a native user would (parent may be None). False when it is not\n"
+     "written: tracing off, or a full ring that does not overwrite (then counted refused)."},
+    {"events", (PyCFunction)ring_events, METH_NOARGS,
+     "events() -> list of (type, ts, code, parent, depth, calltime, sleep, flags, overrun)\n\n"
+     "The readable records, oldest first, without consuming them."},
+    {"consume", (PyCFunction)ring_consume, METH_NOARGS,
+     "consume() -> (lost_before, records, lost_after)\n\n"
+     "Take every readable record (as events() gives them). lost_before: records overwritten\n"
+     "since the last consume (they came before these); lost_after: records refused since\n"
+     "then."},
+    {"stats", (PyCFunction)ring_stats, METH_NOARGS,
+     "stats() -> (entries, written, lost, read), counted since the last clear."},
+    {"clear", (PyCFunction)ring_clear, METH_NOARGS,
+     "clear() -> None: drop every record and reset the counters."},
+    {"resize", (PyCFunction)ring_resize, METH_O,
+     "resize(capacity) -> None: keep the newest records that fit; the others are lost."},
+    {NULL, NULL, 0, NULL},
+};
+
+/* ---------------------------------------------------------------------------------------- */
+/* attributes                                                                                */
+
+static PyObject *
+get_on(rh_ring *r, void *Py_UNUSED(closure))
+{
+    return PyBool_FromLong(r->on);
+}
+
+static PyObject *
+get_overwrite(rh_ring *r, void *Py_UNUSED(closure))
+{
+    return PyBool_FromLong(r->overwrite);
+}
+
+static int
+set_flag(int *field, PyObject *value, const char *name)
+{
+    if (value == NULL) {
+        PyErr_Format(PyExc_AttributeError, "cannot delete %s", name);
+        return -1;
+    }
+    int v = PyObject_IsTrue(value);
+    if (v < 0)
+        return -1;
+    *field = v;
+    return 0;
+}
+
+static int
+set_on(rh_ring *r, PyObject *value, void *Py_UNUSED(closure))
+{
+    return set_flag(&r->on, value, "on");
+}
+
+static int
+set_overwrite(rh_ring *r, PyObject *value, void *Py_UNUSED(closure))
+{
+    /* nothing else to do: the ring never holds more than capacity records, so switching
+     * overwrite off loses nothing more than what was already overwritten */
+    return set_flag(&r->overwrite, value, "overwrite");
+}
+
+static PyGetSetDef ring_getset[] = {
+    {"on", (getter)get_on, (setter)set_on,
+     "tracing_on for this ring: while false nothing is written nor counted", NULL},
+    {"overwrite", (getter)get_overwrite, (setter)set_overwrite,
+     "true: a full ring drops its oldest record; false: it refuses the new one", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+#define RO_U64(name, doc) \
+    {#name, Py_T_ULONGLONG, offsetof(rh_ring, name), Py_READONLY, doc}
+
+static PyMemberDef ring_members[] = {
+    RO_U64(capacity, "most records the ring holds"),
+    RO_U64(tid, "native id of the thread that owns the ring"),
+    RO_U64(head, "sequence number of the next record"),
+    RO_U64(floor, "oldest readable sequence number"),
+    RO_U64(clear_seq, "head at the last clear"),
+    RO_U64(read_pos, "where the last consume ended"),
+    RO_U64(consumed, "records consumed since the last clear"),
+    RO_U64(refused, "records refused since the last clear"),
+    RO_U64(refused_unreported, "records refused since the last consume"),
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject Ring_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "rethook.buffer._cring.Ring",
+    .tp_basicsize = sizeof(rh_ring),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Ring(capacity, tid)\n--\n\n"
+              "One thread's ring of fixed-size records (cring.h's rh_ring).",
+    .tp_new = ring_new,
+    .tp_dealloc = (destructor)ring_dealloc,
+    .tp_repr = (reprfunc)ring_repr,
+    .tp_weaklistoffset = offsetof(rh_ring, weakreflist),
+    .tp_methods = ring_methods,
+    .tp_members = ring_members,
+    .tp_getset = ring_getset,
+};
+
+/* ---------------------------------------------------------------------------------------- */
+/* module                                                                                    */
+
+static rh_cring_api cring_api = {&Ring_Type};
+
+static struct PyModuleDef moduledef = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "rethook.buffer._cring",
+    .m_doc = "The C ring buffer: per-thread rings of fixed-size records (see cring.h).",
+    .m_size = -1,
+};
+
+PyMODINIT_FUNC
+PyInit__cring(void)
+{
+    if (PyType_Ready(&Ring_Type) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&moduledef);
+    if (m == NULL)
+        return NULL;
+    PyObject *capsule = PyCapsule_New(&cring_api, RH_CRING_CAPSULE, NULL);
+    if (capsule == NULL || PyModule_AddObjectRef(m, "_C_API", capsule) < 0 ||
+        PyModule_AddObjectRef(m, "Ring", (PyObject *)&Ring_Type) < 0 ||
+        PyModule_AddIntConstant(m, "RECORD_BYTES", (long)sizeof(rh_rec)) < 0) {
+        Py_XDECREF(capsule);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_DECREF(capsule);
+    return m;
+}

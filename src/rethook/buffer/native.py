@@ -1,0 +1,140 @@
+"""The native half of the ring buffer: the C rings of :mod:`rethook.buffer._cring`, read as events.
+
+Native tracers (``rethook.tracers._native``) write fixed-size records (``cring.h``'s
+``rh_rec``) into one C ring per thread, which :meth:`TraceBuffer.native_local
+<rethook.buffer.ring.TraceBuffer.native_local>` attaches to the thread's
+:class:`~rethook.buffer.ring.ThreadBuffer`. This module holds what the ring module needs to
+read them: whether the extension is built, how big a ring is, and how a raw record becomes
+the event tuple the pure-Python tracers append (so every reader, renderer and the trace file
+see one kind of event, whoever wrote it).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Iterable
+from operator import itemgetter
+from types import CodeType
+from typing import Any
+
+from rethook.buffer.events import Event, Lost
+
+try:
+    from rethook.buffer import _cring
+except ImportError as exc:  # not built (no compiler, another interpreter...)
+    _cring = None
+    _UNAVAILABLE_REASON = str(exc)
+else:
+    _UNAVAILABLE_REASON = ""
+
+#: Whether the C ring extension is built: native tracers need it, nothing else does.
+NATIVE_AVAILABLE: bool = _cring is not None
+
+#: Bytes of one native record (``sizeof(rh_rec)``; 56 on 64-bit platforms). A thread's
+#: native ring gets the same ``size_kb`` byte budget as its Python buffer, so it holds
+#: more records than the Python buffer holds events (those are ~128 bytes each).
+RECORD_BYTES: int = _cring.RECORD_BYTES if _cring is not None else 56
+
+# Record types (cring.h's RH_*): the ids of the event formats they become.
+RH_FUNCTION = 1
+RH_FUNCGRAPH_ENTRY = 2
+RH_FUNCGRAPH_EXIT = 3
+RH_FUNCGRAPH_SUSPEND = 4
+RH_FUNCGRAPH_RESUME = 5
+
+#: The ``print`` event format's id (tracers/formats.py): an unknown record type becomes one
+#: of these rather than failing the whole read.
+_PRINT = 7
+
+#: A raw record as ``Ring.events()``/``Ring.consume()`` give it:
+#: ``(type, ts, code, parent_or_None, depth, calltime, sleep, flags, overrun)``.
+RawRecord = tuple
+
+#: Names a code object (the registry's ``name``).
+NameOf = Callable[[CodeType], str]
+
+
+class NativeRingUnavailable(ImportError):
+    """The C ring extension (``rethook.buffer._cring``) is not built."""
+
+
+def ring_type() -> Any:
+    """The ``Ring`` class, or :class:`NativeRingUnavailable` saying why there is none."""
+    if _cring is None:
+        raise NativeRingUnavailable(
+            "rethook.buffer._cring (the C ring buffer native tracers write into) is not built"
+            f" ({_UNAVAILABLE_REASON}); build it with `pip install -e .` or `python setup.py"
+            " build_ext --inplace` (needs a C compiler and Python's headers). The pure-Python"
+            " tracers work without it."
+        )
+    return _cring.Ring
+
+
+def native_capacity(size_kb: int) -> int:
+    """Records in one thread's native ring for a per-thread budget of ``size_kb`` KiB."""
+    return max(1, size_kb * 1024 // RECORD_BYTES)
+
+
+def default_name_of(code: CodeType) -> str:
+    """Names codes until a native user says how (``native_local(name_of)``)."""
+    return getattr(code, "co_qualname", None) or getattr(code, "co_name", "?")
+
+
+def decode(records: Iterable[RawRecord], tid: int, name_of: NameOf) -> list[Event]:
+    """Turn raw records into the event tuples the pure-Python tracers append.
+
+    Names are cached by code id for this call only: ``records`` keeps the codes alive while
+    it runs, so an id cannot be reused by another code object meanwhile (it could between
+    calls).
+    """
+    names: dict[int, str] = {}
+
+    def name(code: CodeType | None) -> str:
+        if code is None:  # only after the GC emptied a ring (tp_clear): nothing to name
+            return "?"
+        key = id(code)
+        try:
+            return names[key]
+        except KeyError:
+            text = names[key] = name_of(code)
+            return text
+
+    out: list[Event] = []
+    append = out.append
+    for rtype, ts, code, parent, depth, calltime, sleep, flags, overrun in records:
+        if rtype == RH_FUNCGRAPH_ENTRY:
+            append((2, ts, tid, depth, name(code), ""))
+        elif rtype == RH_FUNCGRAPH_EXIT:
+            append((3, ts, tid, depth, name(code), calltime, overrun, sleep, flags, ""))
+        elif rtype == RH_FUNCTION:
+            # depth holds the caller's line for function events
+            append((1, ts, tid, name(code), name(parent) if parent is not None else "", depth))
+        elif rtype == RH_FUNCGRAPH_SUSPEND or rtype == RH_FUNCGRAPH_RESUME:
+            append((rtype, ts, tid, depth, name(code)))
+        else:
+            append((_PRINT, ts, tid, f"rethook: native record of unknown type {rtype}"))
+    return out
+
+
+def consumed_items(taken: tuple[int, list[RawRecord], int], tid: int,
+                   name_of: NameOf) -> list[Event | Lost]:
+    """A ``Ring.consume()`` result as pipe items: a Lost for the records overwritten since
+    the last read, the events, a Lost for the records refused since then."""
+    lost_before, records, lost_after = taken
+    items: list[Event | Lost] = []
+    if lost_before:
+        items.append(Lost(tid, lost_before))
+    items += decode(records, tid, name_of)
+    if lost_after:
+        items.append(Lost(tid, lost_after))
+    return items
+
+
+def merge_events(native: list[Event], python: list[Event]) -> list[Event]:
+    """One thread's events of both halves, by timestamp; native first at equal timestamps
+    (heapq.merge is stable: ties go to the earlier input). Each input keeps its order."""
+    if not native:
+        return python
+    if not python:
+        return native
+    return list(heapq.merge(native, python, key=itemgetter(1)))

@@ -1,0 +1,979 @@
+/* rethook.tracers._native: the built-in users that run on every call, written in C.
+ *
+ * The engine calls a user's handlers with fixed arguments (engine.py: FtraceOps.func,
+ * FgraphOps.entryfunc/retfunc/suspendfunc/resumefunc). The handlers here are those same
+ * callables, written in C, so the C core calls them exactly as it calls Python handlers, and
+ * nothing in the engine knows they are native. They do per call what the pure-Python users
+ * in function.py, function_graph.py and profiler.py do, and write fixed-size records into the
+ * calling thread's C ring (rethook/buffer/cring.h) instead of appending tuples.
+ *
+ * One type, NativeUser, with a kind:
+ *
+ *   KIND_FUNCTION  func(code, frame): an RH_FUNCTION record (function and caller)
+ *   KIND_GRAPH     function_graph: entry/exit/suspend/resume records, set_graph_function,
+ *                  set_graph_notrace, max_graph_depth, tracing_thresh, sleep-time
+ *   KIND_PROFILE   the function profiler: per thread, per code: hits, time, time^2; with
+ *                  graph-time off a call's children's time is subtracted (its parent is found
+ *                  on the user's own per-thread stack of open calls, which mirrors this
+ *                  user's claims on the engine's shadow stack)
+ *
+ * Per-thread state (TState) is found through a small cache indexed by the PyThreadState's
+ * address and checked against its unique id; it lives as long as the user. A call's entry data
+ * is an NCall object (from a freelist): the thread state it belongs to, its depth and kind, or
+ * its profiler row and children's time. NCall holds a reference to its user, so a user (and
+ * its thread states) outlives every record that still carries its data.
+ *
+ * Everything runs under the GIL; nothing here releases it.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <frameobject.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "cring.h"
+
+#ifdef Py_GIL_DISABLED
+#error "rethook's native users rely on the GIL"
+#endif
+
+#if PY_VERSION_HEX >= 0x030D0000
+#define current_tstate() PyThreadState_GetUnchecked()
+#else
+#define current_tstate() _PyThreadState_UncheckedGet()
+#endif
+
+enum { KIND_FUNCTION = 0, KIND_GRAPH = 1, KIND_PROFILE = 2 };
+
+/* What a graph call's entry data says its exit has to do (function_graph.py's _RECORD...). */
+enum { CALL_RECORD = 0, CALL_NOTRACE = 1, CALL_ROOT = 2 };
+
+#define TS_CACHE 64            /* per-user thread cache entries (a power of two) */
+#define NCALL_FREELIST 256     /* NCall objects kept for reuse */
+
+static PyTypeObject *Ring_t; /* rethook.buffer._cring.Ring, from its capsule */
+
+static inline int64_t
+now_ns(void)
+{
+    /* time.perf_counter_ns() on Linux: the engine's clock. */
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000LL + (int64_t)t.tv_nsec;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Profiler rows: per thread, an open-addressing table of Row pointers keyed by code address. */
+
+typedef struct {
+    PyObject *code; /* owned */
+    long long hit;
+    long long time;
+    unsigned __int128 sq; /* sum of squared times: a 3 s call squared overflows 64 bits */
+} Row;
+
+typedef struct {
+    Row **slots;
+    size_t size; /* a power of two, or 0 */
+    size_t used;
+} RowTable;
+
+static inline size_t
+hash_ptr(const void *p)
+{
+    uintptr_t x = (uintptr_t)p;
+    x ^= x >> 17;
+    x *= 0x9E3779B97F4A7C15ULL;
+    return (size_t)(x >> 29);
+}
+
+static int
+rows_grow(RowTable *t)
+{
+    size_t size = t->size ? t->size * 2 : 64;
+    Row **slots = PyMem_Calloc(size, sizeof(Row *));
+    if (slots == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (size_t i = 0; i < t->size; i++) {
+        Row *r = t->slots[i];
+        if (r == NULL)
+            continue;
+        size_t j = hash_ptr(r->code) & (size - 1);
+        while (slots[j] != NULL)
+            j = (j + 1) & (size - 1);
+        slots[j] = r;
+    }
+    PyMem_Free(t->slots);
+    t->slots = slots;
+    t->size = size;
+    return 0;
+}
+
+/* The row of code, created on first use (NULL with an error set on failure). */
+static inline Row *
+row_of(RowTable *t, PyObject *code)
+{
+    if (t->size) {
+        size_t j = hash_ptr(code) & (t->size - 1);
+        Row *r;
+        while ((r = t->slots[j]) != NULL) {
+            if (r->code == code)
+                return r;
+            j = (j + 1) & (t->size - 1);
+        }
+    }
+    if ((t->used + 1) * 2 > t->size && rows_grow(t) < 0)
+        return NULL;
+    Row *r = PyMem_Calloc(1, sizeof(Row));
+    if (r == NULL) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    r->code = Py_NewRef(code);
+    size_t j = hash_ptr(code) & (t->size - 1);
+    while (t->slots[j] != NULL)
+        j = (j + 1) & (t->size - 1);
+    t->slots[j] = r;
+    t->used++;
+    return r;
+}
+
+static void
+rows_free(RowTable *t)
+{
+    for (size_t i = 0; i < t->size; i++) {
+        if (t->slots[i] != NULL) {
+            Py_DECREF(t->slots[i]->code);
+            PyMem_Free(t->slots[i]);
+        }
+    }
+    PyMem_Free(t->slots);
+    t->slots = NULL;
+    t->size = t->used = 0;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Thread states and the call objects (entry data).                                        */
+
+typedef struct NCall NCall;
+
+typedef struct TState {
+    struct TState *next;   /* every state of the user, for teardown and reading */
+    PyThreadState *tstate; /* the thread's PyThreadState (only compared, never used) */
+    uint64_t tstate_id;
+    unsigned long tid;     /* native thread id */
+    rh_ring *ring;         /* owned; NULL for the profiler */
+    long depth;            /* graph: calls this user is recording, open on this thread */
+    long graph;            /* graph: open set_graph_function roots */
+    long notrace;          /* graph: open set_graph_notrace functions */
+    RowTable rows;         /* profiler */
+    NCall **stack;         /* profiler: this user's open calls on this thread (borrowed) */
+    Py_ssize_t nstack, capstack;
+} TState;
+
+typedef struct {
+    PyThreadState *tstate;
+    uint64_t id;
+    TState *st;
+} TCache;
+
+typedef struct {
+    PyObject_HEAD
+    int kind;
+    PyObject *buffer;     /* the TraceBuffer (function, graph) or None */
+    PyObject *name_of;    /* registry.name, handed to the buffer for reading records */
+    PyObject *roots;      /* dict id(code) -> code: set_graph_function, or NULL */
+    PyObject *skip;       /* dict id(code) -> code: set_graph_notrace, or NULL */
+    PyObject *overrun_of; /* callable () -> int when funcgraph-overrun is on, or NULL */
+    long max_depth;       /* 0: no limit */
+    long long thresh;     /* tracing_thresh in ns, 0: off */
+    int sleep_time;       /* durations include time suspended */
+    int graph_time;       /* profiler: time includes children */
+    int exit_raised;      /* flag bit an exit record gets when the call raised */
+    TState *states;
+    TCache cache[TS_CACHE];
+    PyObject *weakreflist;
+} NUser;
+
+struct NCall {
+    PyObject_HEAD
+    NUser *user;   /* owned: keeps the thread states alive */
+    TState *st;    /* the thread the call runs in (updated on resume) */
+    long d;        /* graph: depth */
+    int kind;      /* graph: CALL_* */
+    int in_stack;  /* profiler: on st->stack */
+    long long child; /* profiler: children's time */
+    Row *row;      /* profiler: the row of the thread that made the call */
+};
+
+static PyTypeObject NCall_Type;
+static PyTypeObject NUser_Type;
+
+static NCall *ncall_free[NCALL_FREELIST];
+static int ncall_nfree;
+
+static void stack_remove(TState *st, NCall *c, NCall **parent);
+
+static NCall *
+ncall_new(NUser *u, TState *st)
+{
+    NCall *c;
+    if (ncall_nfree) {
+        c = ncall_free[--ncall_nfree];
+        (void)PyObject_Init((PyObject *)c, &NCall_Type);
+    }
+    else {
+        c = PyObject_New(NCall, &NCall_Type);
+        if (c == NULL)
+            return NULL;
+    }
+    c->user = (NUser *)Py_NewRef(u);
+    c->st = st;
+    c->d = 0;
+    c->kind = CALL_RECORD;
+    c->in_stack = 0;
+    c->child = 0;
+    c->row = NULL;
+    return c;
+}
+
+static void
+NCall_dealloc(NCall *c)
+{
+    if (c->in_stack) /* dropped without a return (the engine lost it): never dangle */
+        stack_remove(c->st, c, NULL);
+    NUser *u = c->user;
+    if (ncall_nfree < NCALL_FREELIST)
+        ncall_free[ncall_nfree++] = c;
+    else
+        PyObject_Free(c);
+    Py_DECREF(u);
+}
+
+static PyObject *
+NCall_repr(NCall *c)
+{
+    return PyUnicode_FromFormat("<NCall depth=%ld kind=%d child=%lld>", c->d, c->kind,
+                                c->child);
+}
+
+static PyTypeObject NCall_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "rethook.tracers._native.NCall",
+    .tp_basicsize = sizeof(NCall),
+    .tp_dealloc = (destructor)NCall_dealloc,
+    .tp_repr = (reprfunc)NCall_repr,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A native user's entry data for one call.",
+};
+
+static int
+stack_push(TState *st, NCall *c)
+{
+    if (st->nstack == st->capstack) {
+        Py_ssize_t cap = st->capstack ? st->capstack * 2 : 64;
+        NCall **s = PyMem_Realloc(st->stack, (size_t)cap * sizeof(NCall *));
+        if (s == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        st->stack = s;
+        st->capstack = cap;
+    }
+    st->stack[st->nstack++] = c;
+    c->in_stack = 1;
+    return 0;
+}
+
+/* Take c off its thread's stack; *parent gets the open call below it (or NULL). */
+static void
+stack_remove(TState *st, NCall *c, NCall **parent)
+{
+    Py_ssize_t i = st->nstack - 1;
+    while (i >= 0 && st->stack[i] != c)
+        i--;
+    if (parent != NULL)
+        *parent = NULL;
+    if (i < 0)
+        return;
+    if (parent != NULL && i > 0)
+        *parent = st->stack[i - 1];
+    memmove(&st->stack[i], &st->stack[i + 1], (size_t)(st->nstack - i - 1) * sizeof(NCall *));
+    st->nstack--;
+    c->in_stack = 0;
+}
+
+/* The calling thread's state, created on first use (with its ring, from the buffer). */
+static TState *
+tstate_slow(NUser *u, PyThreadState *ts, TCache *e)
+{
+    TState *st;
+    for (st = u->states; st != NULL; st = st->next)
+        if (st->tstate == ts && st->tstate_id == ts->id)
+            break;
+    if (st == NULL) {
+        rh_ring *ring = NULL;
+        if (u->buffer != Py_None) {
+            PyObject *r = PyObject_CallMethod(u->buffer, "native_local", "O", u->name_of);
+            if (r == NULL)
+                return NULL;
+            if (!PyObject_TypeCheck(r, Ring_t)) {
+                PyErr_Format(PyExc_TypeError, "native_local() returned a %.100s, not a Ring",
+                             Py_TYPE(r)->tp_name);
+                Py_DECREF(r);
+                return NULL;
+            }
+            ring = (rh_ring *)r;
+        }
+        st = PyMem_Calloc(1, sizeof(TState));
+        if (st == NULL) {
+            Py_XDECREF(ring);
+            PyErr_NoMemory();
+            return NULL;
+        }
+        st->tstate = ts;
+        st->tstate_id = ts->id;
+        st->tid = PyThread_get_thread_native_id();
+        st->ring = ring;
+        st->next = u->states;
+        u->states = st;
+    }
+    e->tstate = ts;
+    e->id = ts->id;
+    e->st = st;
+    return st;
+}
+
+static inline TState *
+tstate_of(NUser *u)
+{
+    PyThreadState *ts = current_tstate();
+    TCache *e = &u->cache[hash_ptr(ts) & (TS_CACHE - 1)];
+    if (e->tstate == ts && e->id == ts->id)
+        return e->st;
+    return tstate_slow(u, ts, e);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Writing records.                                                                          */
+
+static inline void
+put(rh_ring *r, int type, int64_t ts, PyObject *code, long depth)
+{
+    rh_stale stale;
+    rh_rec *rec = rh_ring_reserve(r, &stale);
+    if (rec == NULL)
+        return;
+    rec->ts = ts;
+    rec->code = Py_NewRef(code);
+    rec->parent = NULL;
+    rec->calltime = 0;
+    rec->sleep = 0;
+    rec->type = type;
+    rec->depth = (int32_t)depth;
+    rec->flags = 0;
+    rec->overrun = 0;
+    rh_ring_done(&stale);
+}
+
+static int
+bad_args(const char *what, Py_ssize_t nargs, Py_ssize_t want)
+{
+    PyErr_Format(PyExc_TypeError, "%s() takes %zd arguments (%zd given)", what, want, nargs);
+    return -1;
+}
+
+/* PyLong_AsLong, not AsLongLong: on 3.13 the latter goes through _PyLong_AsByteArray, which
+ * costs a timestamp ~10 ns; long is 64 bits on the LP64 platforms this builds for. */
+_Static_assert(sizeof(long) == sizeof(int64_t), "rethook's native users need a 64-bit long");
+
+static inline int
+as_i64(PyObject *o, int64_t *out)
+{
+    long v = PyLong_AsLong(o);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    *out = v;
+    return 0;
+}
+
+static inline NCall *
+as_call(NUser *u, PyObject *data)
+{
+    if (!Py_IS_TYPE(data, &NCall_Type) || ((NCall *)data)->user != u) {
+        PyErr_Format(PyExc_TypeError, "entry data of a native user is a %.100s, not its NCall",
+                     Py_TYPE(data)->tp_name);
+        return NULL;
+    }
+    return (NCall *)data;
+}
+
+/* id(code) in a dict keyed by ids (code objects compare by value, so never a set of them). */
+static int
+in_selection(PyObject *dict, PyObject *code)
+{
+    PyObject *key = PyLong_FromVoidPtr(code);
+    if (key == NULL)
+        return -1;
+    int r = PyDict_Contains(dict, key);
+    Py_DECREF(key);
+    return r;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* The handlers.                                                                             */
+
+/* function: func(code, frame) */
+static PyObject *
+NUser_func(NUser *u, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 && bad_args("func", nargs, 2))
+        return NULL;
+    TState *st = tstate_of(u);
+    if (st == NULL)
+        return NULL;
+    int64_t t = now_ns();
+    if (!st->ring->on)
+        Py_RETURN_NONE;
+    /* everything that may run Python code (frame objects, decrefs) before the record */
+    PyObject *parent = NULL;
+    int line = 0;
+    if (PyFrame_Check(args[1])) {
+        PyFrameObject *back = PyFrame_GetBack((PyFrameObject *)args[1]);
+        if (back != NULL) {
+            parent = (PyObject *)PyFrame_GetCode(back);
+            line = PyFrame_GetLineNumber(back);
+            Py_DECREF(back);
+        }
+    }
+    rh_stale stale;
+    rh_rec *rec = rh_ring_reserve(st->ring, &stale);
+    if (rec == NULL) {
+        Py_XDECREF(parent);
+        Py_RETURN_NONE;
+    }
+    rec->ts = t;
+    rec->code = Py_NewRef(args[0]);
+    rec->parent = parent; /* the new reference PyFrame_GetCode gave */
+    rec->calltime = 0;
+    rec->sleep = 0;
+    rec->type = RH_FUNCTION;
+    rec->depth = line < 0 ? 0 : line;
+    rec->flags = 0;
+    rec->overrun = 0;
+    rh_ring_done(&stale);
+    Py_RETURN_NONE;
+}
+
+/* function_graph: entryfunc(code, frame, depth, t) -> NCall or None */
+static PyObject *
+graph_entry(NUser *u, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4 && bad_args("entryfunc", nargs, 4))
+        return NULL;
+    PyObject *code = args[0];
+    TState *st = tstate_of(u);
+    if (st == NULL)
+        return NULL;
+    if (st->notrace)
+        Py_RETURN_NONE;
+    int kind = CALL_RECORD;
+    if (u->skip != NULL) {
+        int r = in_selection(u->skip, code);
+        if (r < 0)
+            return NULL;
+        if (r) {
+            NCall *c = ncall_new(u, st);
+            if (c == NULL)
+                return NULL;
+            c->kind = CALL_NOTRACE;
+            st->notrace++;
+            return (PyObject *)c;
+        }
+    }
+    if (u->roots != NULL && !st->graph) {
+        int r = in_selection(u->roots, code);
+        if (r <= 0) {
+            if (r < 0)
+                return NULL;
+            Py_RETURN_NONE;
+        }
+        kind = CALL_ROOT;
+    }
+    long d = st->depth;
+    if (u->max_depth && d >= u->max_depth)
+        Py_RETURN_NONE;
+    int64_t t;
+    if (as_i64(args[3], &t) < 0)
+        return NULL;
+    NCall *c = ncall_new(u, st);
+    if (c == NULL)
+        return NULL;
+    c->d = d;
+    c->kind = kind;
+    if (kind == CALL_ROOT)
+        st->graph++;
+    st->depth = d + 1;
+    if (!u->thresh)
+        put(st->ring, RH_FUNCGRAPH_ENTRY, t, code, d);
+    return (PyObject *)c;
+}
+
+/* function_graph: retfunc(code, frame, depth, data, retval, exc, t0, t1, sleep, flags) */
+static PyObject *
+graph_return(NUser *u, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 10 && bad_args("retfunc", nargs, 10))
+        return NULL;
+    NCall *c = as_call(u, args[3]);
+    if (c == NULL)
+        return NULL;
+    TState *st = c->st;
+    if (c->kind == CALL_NOTRACE) {
+        st->notrace--;
+        Py_RETURN_NONE;
+    }
+    st->depth = c->d;
+    if (c->kind == CALL_ROOT)
+        st->graph--;
+    int64_t t0, t1, sleep, flags;
+    if (as_i64(args[6], &t0) < 0 || as_i64(args[7], &t1) < 0 || as_i64(args[8], &sleep) < 0
+        || as_i64(args[9], &flags) < 0)
+        return NULL;
+    int64_t duration = u->sleep_time ? t1 - t0 : t1 - t0 - sleep;
+    if (u->thresh && duration <= u->thresh)
+        Py_RETURN_NONE;
+    if (args[5] != Py_None)
+        flags |= u->exit_raised;
+    long overrun = 0;
+    if (u->overrun_of != NULL) {
+        PyObject *o = PyObject_CallNoArgs(u->overrun_of);
+        if (o == NULL)
+            return NULL;
+        overrun = PyLong_AsLong(o);
+        Py_DECREF(o);
+        if (overrun == -1 && PyErr_Occurred())
+            return NULL;
+    }
+    /* A return delivered from another thread (teardown) still goes into the call's thread's
+     * ring: rings are written under the GIL, by any thread. */
+    rh_stale stale;
+    rh_rec *rec = rh_ring_reserve(st->ring, &stale);
+    if (rec == NULL)
+        Py_RETURN_NONE;
+    rec->ts = t1;
+    rec->code = Py_NewRef(args[0]);
+    rec->parent = NULL;
+    rec->calltime = t1 - duration;
+    rec->sleep = sleep;
+    rec->type = RH_FUNCGRAPH_EXIT;
+    rec->depth = (int32_t)c->d;
+    rec->flags = (int32_t)flags;
+    rec->overrun = (int32_t)overrun;
+    rh_ring_done(&stale);
+    Py_RETURN_NONE;
+}
+
+/* function_graph: suspendfunc(code, frame, depth, data, t) */
+static PyObject *
+graph_suspend(NUser *u, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5 && bad_args("suspendfunc", nargs, 5))
+        return NULL;
+    NCall *c = as_call(u, args[3]);
+    if (c == NULL)
+        return NULL;
+    TState *st = c->st;
+    if (c->kind == CALL_NOTRACE) {
+        st->notrace--;
+        Py_RETURN_NONE;
+    }
+    st->depth = c->d;
+    if (c->kind == CALL_ROOT)
+        st->graph--;
+    int64_t t;
+    if (as_i64(args[4], &t) < 0)
+        return NULL;
+    if (!u->thresh)
+        put(st->ring, RH_FUNCGRAPH_SUSPEND, t, args[0], c->d);
+    Py_RETURN_NONE;
+}
+
+/* function_graph: resumefunc(code, frame, depth, data, t); possibly in another thread */
+static PyObject *
+graph_resume(NUser *u, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5 && bad_args("resumefunc", nargs, 5))
+        return NULL;
+    NCall *c = as_call(u, args[3]);
+    if (c == NULL)
+        return NULL;
+    TState *st = tstate_of(u);
+    if (st == NULL)
+        return NULL;
+    c->st = st;
+    if (c->kind == CALL_NOTRACE) {
+        st->notrace++;
+        Py_RETURN_NONE;
+    }
+    if (c->kind == CALL_ROOT)
+        st->graph++;
+    c->d = st->depth;
+    st->depth = c->d + 1;
+    int64_t t;
+    if (as_i64(args[4], &t) < 0)
+        return NULL;
+    if (!u->thresh)
+        put(st->ring, RH_FUNCGRAPH_RESUME, t, args[0], c->d);
+    Py_RETURN_NONE;
+}
+
+/* profiler: entryfunc(code, frame, depth, t) -> NCall */
+static PyObject *
+prof_entry(NUser *u, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4 && bad_args("entryfunc", nargs, 4))
+        return NULL;
+    TState *st = tstate_of(u);
+    if (st == NULL)
+        return NULL;
+    Row *row = row_of(&st->rows, args[0]);
+    if (row == NULL)
+        return NULL;
+    NCall *c = ncall_new(u, st);
+    if (c == NULL)
+        return NULL;
+    if (stack_push(st, c) < 0) {
+        Py_DECREF(c);
+        return NULL;
+    }
+    row->hit++;
+    c->row = row;
+    return (PyObject *)c;
+}
+
+/* profiler: resumefunc: a resume is a hit, as in cProfile */
+static PyObject *
+prof_resume(NUser *u, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5 && bad_args("resumefunc", nargs, 5))
+        return NULL;
+    NCall *c = as_call(u, args[3]);
+    if (c == NULL)
+        return NULL;
+    TState *st = tstate_of(u);
+    if (st == NULL)
+        return NULL;
+    Row *row = row_of(&st->rows, args[0]);
+    if (row == NULL)
+        return NULL;
+    if (c->in_stack)
+        stack_remove(c->st, c, NULL);
+    c->st = st;
+    if (stack_push(st, c) < 0)
+        return NULL;
+    row->hit++;
+    Py_RETURN_NONE;
+}
+
+/* profiler: suspendfunc: the call leaves the thread's stack until it resumes */
+static PyObject *
+prof_suspend(NUser *u, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5 && bad_args("suspendfunc", nargs, 5))
+        return NULL;
+    NCall *c = as_call(u, args[3]);
+    if (c == NULL)
+        return NULL;
+    if (c->in_stack)
+        stack_remove(c->st, c, NULL);
+    Py_RETURN_NONE;
+}
+
+/* profiler: retfunc: time to the call's row, and to its parent's children's time */
+static PyObject *
+prof_return(NUser *u, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 10 && bad_args("retfunc", nargs, 10))
+        return NULL;
+    NCall *c = as_call(u, args[3]);
+    if (c == NULL)
+        return NULL;
+    int64_t t0, t1, sleep;
+    if (as_i64(args[6], &t0) < 0 || as_i64(args[7], &t1) < 0 || as_i64(args[8], &sleep) < 0)
+        return NULL;
+    long long total = u->sleep_time ? t1 - t0 : t1 - t0 - sleep;
+    NCall *parent = NULL;
+    if (c->in_stack)
+        stack_remove(c->st, c, &parent);
+    if (parent != NULL)
+        parent->child += total;
+    long long spent = u->graph_time ? total : total - c->child;
+    c->row->time += spent;
+    __int128 s = spent;
+    c->row->sq += (unsigned __int128)(s * s);
+    Py_RETURN_NONE;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* The NativeUser type.                                                                      */
+
+static PyObject *
+NUser_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+{
+    static char *names[] = {"kind", "buffer", "name_of", "roots", "skip", "max_depth",
+                            "thresh", "sleep_time", "graph_time", "overrun_of", "exit_raised",
+                            NULL};
+    const char *kind;
+    PyObject *buffer = Py_None, *name_of = Py_None, *roots = Py_None, *skip = Py_None;
+    PyObject *overrun_of = Py_None;
+    long max_depth = 0;
+    long long thresh = 0;
+    int sleep_time = 1, graph_time = 1, exit_raised = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|OOOOlLppOi:NativeUser", names, &kind,
+                                     &buffer, &name_of, &roots, &skip, &max_depth, &thresh,
+                                     &sleep_time, &graph_time, &overrun_of, &exit_raised))
+        return NULL;
+    int k;
+    if (strcmp(kind, "function") == 0)
+        k = KIND_FUNCTION;
+    else if (strcmp(kind, "function_graph") == 0)
+        k = KIND_GRAPH;
+    else if (strcmp(kind, "profile") == 0)
+        k = KIND_PROFILE;
+    else {
+        PyErr_Format(PyExc_ValueError,
+                     "kind must be 'function', 'function_graph' or 'profile', not %R",
+                     args && PyTuple_GET_SIZE(args) ? PyTuple_GET_ITEM(args, 0) : Py_None);
+        return NULL;
+    }
+    if (k != KIND_PROFILE && buffer == Py_None) {
+        PyErr_SetString(PyExc_TypeError, "the function and function_graph users need a buffer");
+        return NULL;
+    }
+    if ((roots != Py_None && !PyDict_Check(roots)) || (skip != Py_None && !PyDict_Check(skip))) {
+        PyErr_SetString(PyExc_TypeError, "roots and skip are dicts id(code) -> code, or None");
+        return NULL;
+    }
+    if (max_depth < 0 || thresh < 0) {
+        PyErr_SetString(PyExc_ValueError, "max_depth and thresh are >= 0");
+        return NULL;
+    }
+    NUser *u = (NUser *)type->tp_alloc(type, 0);
+    if (u == NULL)
+        return NULL;
+    u->kind = k;
+    u->buffer = Py_NewRef(buffer);
+    u->name_of = Py_NewRef(name_of);
+    u->roots = roots == Py_None ? NULL : Py_NewRef(roots);
+    u->skip = skip == Py_None ? NULL : Py_NewRef(skip);
+    u->overrun_of = overrun_of == Py_None ? NULL : Py_NewRef(overrun_of);
+    u->max_depth = max_depth;
+    u->thresh = thresh;
+    u->sleep_time = sleep_time;
+    u->graph_time = graph_time;
+    u->exit_raised = exit_raised;
+    return (PyObject *)u;
+}
+
+static int
+NUser_traverse(NUser *u, visitproc visit, void *arg)
+{
+    Py_VISIT(u->buffer);
+    Py_VISIT(u->name_of);
+    Py_VISIT(u->roots);
+    Py_VISIT(u->skip);
+    Py_VISIT(u->overrun_of);
+    return 0;
+}
+
+static int
+NUser_clear(NUser *u)
+{
+    Py_CLEAR(u->buffer);
+    Py_CLEAR(u->name_of);
+    Py_CLEAR(u->roots);
+    Py_CLEAR(u->skip);
+    Py_CLEAR(u->overrun_of);
+    return 0;
+}
+
+static void
+NUser_dealloc(NUser *u)
+{
+    PyObject_GC_UnTrack(u);
+    if (u->weakreflist != NULL)
+        PyObject_ClearWeakRefs((PyObject *)u);
+    NUser_clear(u);
+    TState *st = u->states;
+    while (st != NULL) {
+        TState *next = st->next;
+        Py_XDECREF(st->ring);
+        rows_free(&st->rows);
+        PyMem_Free(st->stack); /* empty: every NCall holds its user */
+        PyMem_Free(st);
+        st = next;
+    }
+    u->states = NULL;
+    Py_TYPE(u)->tp_free((PyObject *)u);
+}
+
+/* The handlers, as attributes: the engine reads them off the ops object (FgraphOps...). */
+#define HANDLER(NAME, FN) {NAME, (PyCFunction)(void (*)(void))FN, METH_FASTCALL, NULL}
+
+static PyObject *
+NUser_handler(NUser *u, PyObject *name)
+{
+    /* Bound builtin methods of the kind's handlers: look them up in a per-kind table. */
+    static PyMethodDef graph[] = {HANDLER("entryfunc", graph_entry),
+                                  HANDLER("retfunc", graph_return),
+                                  HANDLER("suspendfunc", graph_suspend),
+                                  HANDLER("resumefunc", graph_resume), {NULL}};
+    static PyMethodDef prof[] = {HANDLER("entryfunc", prof_entry),
+                                 HANDLER("retfunc", prof_return),
+                                 HANDLER("suspendfunc", prof_suspend),
+                                 HANDLER("resumefunc", prof_resume), {NULL}};
+    static PyMethodDef func[] = {HANDLER("func", NUser_func), {NULL}};
+    PyMethodDef *defs = u->kind == KIND_GRAPH ? graph : u->kind == KIND_PROFILE ? prof : func;
+    const char *want = PyUnicode_AsUTF8(name);
+    if (want == NULL)
+        return NULL;
+    for (PyMethodDef *d = defs; d->ml_name != NULL; d++)
+        if (strcmp(d->ml_name, want) == 0)
+            return PyCFunction_New(d, (PyObject *)u);
+    PyErr_Format(PyExc_AttributeError, "a %s native user has no handler %R",
+                 u->kind == KIND_GRAPH ? "function_graph" : u->kind == KIND_PROFILE ? "profile"
+                                                                                     : "function",
+                 name);
+    return NULL;
+}
+
+static PyObject *
+NUser_handler_method(NUser *u, PyObject *name)
+{
+    if (!PyUnicode_Check(name)) {
+        PyErr_SetString(PyExc_TypeError, "handler name must be a str");
+        return NULL;
+    }
+    return NUser_handler(u, name);
+}
+
+/* rows() -> [(tid, code, hit, time_ns, time_sq)]: the profiler's numbers, every thread. */
+static PyObject *
+NUser_rows(NUser *u, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *out = PyList_New(0);
+    if (out == NULL)
+        return NULL;
+    for (TState *st = u->states; st != NULL; st = st->next) {
+        for (size_t i = 0; i < st->rows.size; i++) {
+            Row *r = st->rows.slots[i];
+            if (r == NULL)
+                continue;
+            PyObject *hi = PyLong_FromUnsignedLongLong((unsigned long long)(r->sq >> 64));
+            PyObject *lo = PyLong_FromUnsignedLongLong((unsigned long long)r->sq);
+            PyObject *shift = PyLong_FromLong(64);
+            PyObject *sh = hi && shift ? PyNumber_Lshift(hi, shift) : NULL;
+            PyObject *sq = sh && lo ? PyNumber_Or(sh, lo) : NULL;
+            Py_XDECREF(hi);
+            Py_XDECREF(lo);
+            Py_XDECREF(shift);
+            Py_XDECREF(sh);
+            PyObject *item = sq ? Py_BuildValue("(kOLLO)", st->tid, r->code, r->hit, r->time,
+                                                sq)
+                                : NULL;
+            Py_XDECREF(sq);
+            if (item == NULL || PyList_Append(out, item) < 0) {
+                Py_XDECREF(item);
+                Py_DECREF(out);
+                return NULL;
+            }
+            Py_DECREF(item);
+        }
+    }
+    return out;
+}
+
+/* threads() -> [tid]: the threads this user has seen, oldest first. */
+static PyObject *
+NUser_threads(NUser *u, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *out = PyList_New(0);
+    if (out == NULL)
+        return NULL;
+    for (TState *st = u->states; st != NULL; st = st->next) {
+        PyObject *tid = PyLong_FromUnsignedLong(st->tid);
+        if (tid == NULL || PyList_Insert(out, 0, tid) < 0) {
+            Py_XDECREF(tid);
+            Py_DECREF(out);
+            return NULL;
+        }
+        Py_DECREF(tid);
+    }
+    return out;
+}
+
+static PyMethodDef NUser_methods[] = {
+    {"handler", (PyCFunction)NUser_handler_method, METH_O,
+     "handler(name): the bound C handler ('entryfunc', 'retfunc', 'suspendfunc', "
+     "'resumefunc', or 'func' for the function user)."},
+    {"rows", (PyCFunction)NUser_rows, METH_NOARGS,
+     "rows() -> [(tid, code, hit, time_ns, time_sq_ns)]: the profiler's counts."},
+    {"threads", (PyCFunction)NUser_threads, METH_NOARGS,
+     "threads() -> [tid]: threads this user has seen."},
+    {NULL},
+};
+
+static PyTypeObject NUser_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "rethook.tracers._native.NativeUser",
+    .tp_basicsize = sizeof(NUser),
+    .tp_dealloc = (destructor)NUser_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_traverse = (traverseproc)NUser_traverse,
+    .tp_clear = (inquiry)NUser_clear,
+    .tp_weaklistoffset = offsetof(NUser, weakreflist),
+    .tp_methods = NUser_methods,
+    .tp_new = NUser_new,
+    .tp_doc = "NativeUser(kind, buffer=None, name_of=None, roots=None, skip=None, max_depth=0, "
+              "thresh=0, sleep_time=True, graph_time=True, overrun_of=None, exit_raised=0)\n\n"
+              "A built-in engine user written in C: kind is 'function', 'function_graph' or "
+              "'profile'. Its handlers (handler(name)) are what an FtraceOps/FgraphOps "
+              "carries; records go to buffer.native_local(name_of), the thread's C ring.",
+};
+
+static struct PyModuleDef native_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "rethook.tracers._native",
+    .m_doc = "rethook's built-in users (function, function_graph, profiler) written in C.",
+    .m_size = -1,
+};
+
+PyMODINIT_FUNC
+PyInit__native(void)
+{
+    /* PyCapsule_Import walks attributes: the submodule must be imported first */
+    PyObject *cring = PyImport_ImportModule("rethook.buffer._cring");
+    if (cring == NULL)
+        return NULL;
+    Py_DECREF(cring);
+    rh_cring_api *api = PyCapsule_Import(RH_CRING_CAPSULE, 0);
+    if (api == NULL)
+        return NULL;
+    Ring_t = api->ring_type;
+    if (PyType_Ready(&NCall_Type) < 0 || PyType_Ready(&NUser_Type) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&native_module);
+    if (m == NULL)
+        return NULL;
+    if (PyModule_AddObjectRef(m, "NativeUser", (PyObject *)&NUser_Type) < 0
+        || PyModule_AddObjectRef(m, "NCall", (PyObject *)&NCall_Type) < 0
+        || PyModule_AddIntConstant(m, "RECORD_BYTES", (long)sizeof(rh_rec)) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

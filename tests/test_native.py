@@ -1,0 +1,347 @@
+"""The native users (function, function_graph, profiler in C) against the Python users.
+
+On the C core the built-in tracers run native users by default. Each test here runs the same
+real program twice in one process, once with the native users and once with the Python users
+(``TraceContext.native_users = False``), and requires the same trace: the same lines once
+durations, timestamps and thread ids are normalised, the same profiler hits.
+"""
+
+import asyncio
+import gc
+import re
+import sys
+import threading
+
+import pytest
+
+from programs import calls, gens, shapes, stdlib_heavy
+from rethook.control import Tracefs
+from rethook.tracers import native
+from rethook.tracers.function_graph import GraphOps, NativeGraphOps
+from rethook.tracers.profiler import NativeProfileOps, ProfileOps
+
+pytestmark = pytest.mark.skipif(native._native is None, reason="the native users are not built")
+
+
+@pytest.fixture
+def on_c_core(engine):
+    if engine.core.name != "c":
+        pytest.skip("native users run on the C core only")
+    return engine
+
+
+def normalise(text: str) -> list[str]:
+    out = []
+    for line in text.splitlines():
+        line = re.sub(r"(?<=[)|]) [ +!#*@$] +\d+(\.\d+)? us +\|", "  DUR |", line)
+        line = re.sub(r"(?:^|(?<=\S)) *\d+\.\d{6}", " TS", line)
+        line = re.sub(r"-\d+ *(?=\[)", "-TID ", line)
+        line = re.sub(r"-\d+", "-TID", line) if "|" in line else line
+        out.append(line.rstrip())
+    return out
+
+
+def run_traced(program, *, native_users: bool, tracer: str = "function_graph",
+               settings: dict[str, str] | None = None, filt: str = "*:mod:programs.*"):
+    fs = Tracefs()
+    try:
+        fs.ctx.native_users = native_users
+        fs.write("buffer_size_kb", "4096")
+        for path, value in (settings or {}).items():
+            fs.write(path, value)
+        fs.write("set_ftrace_filter", filt)
+        fs.write("current_tracer", tracer)
+        ops_type = type(fs.tracer.ops)
+        program()
+        fs.write("tracing_on", "0")
+        return normalise(fs.read("trace")), ops_type
+    finally:
+        fs.close()
+
+
+def both(program, **kw):
+    gc.collect()
+    got, native_type = run_traced(program, native_users=True, **kw)
+    gc.collect()
+    want, python_type = run_traced(program, native_users=False, **kw)
+    return got, want, native_type, python_type
+
+
+def shapes_program():
+    shapes.top(3)
+    shapes.noisy()
+
+
+def recursion_program():
+    calls.fib(12)
+    seen = []
+    calls.catch_at(5, 25, seen)
+    try:
+        calls.with_finally([])
+    except calls.Boom:
+        pass
+
+
+def generators_program():
+    list(gens.count(5))
+    list(gens.delegate(3))
+    asyncio.run(gens.gather_naps())
+    asyncio.run(gens.consume_agen(3))
+
+
+def threads_program():
+    def work(n):
+        for _ in range(3):
+            calls.fib(n)
+    threads = [threading.Thread(target=work, args=(8 + i,), name=f"w{i}") for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+@pytest.mark.parametrize("program", [shapes_program, recursion_program, generators_program])
+@pytest.mark.parametrize("settings", [
+    {},
+    {"options/sleep-time": "0"},
+    {"options/funcgraph-tail": "1", "options/funcgraph-proc": "1"},
+    {"set_graph_function": "programs.calls.fib programs.shapes.middle programs.gens.count"},
+    {"set_graph_notrace": "programs.shapes.middle programs.calls.fib"},
+    {"max_graph_depth": "3"},
+], ids=["default", "nosleep", "tail-proc", "graph_function", "graph_notrace", "depth3"])
+def test_function_graph_native_equals_python(on_c_core, program, settings):
+    got, want, native_type, python_type = both(program, settings=settings)
+    assert native_type is NativeGraphOps and python_type is GraphOps
+    assert len(want) > 6
+    assert got == want
+
+
+def test_function_graph_threads_native_equals_python(on_c_core):
+    got, want, *_ = both(threads_program)
+    # threads interleave differently from run to run: compare each thread's own lines
+    def per_thread(lines):
+        out: dict[str, list[str]] = {}
+        for line in lines[4:]:
+            col, _, rest = line.partition(")")
+            out.setdefault(col, []).append(rest)
+        return sorted(out.values())
+    assert len(per_thread(want)) == 3  # three workers
+    assert per_thread(got) == per_thread(want)
+
+
+def test_tracing_thresh_records_only_slow_exits(on_c_core):
+    got, want, *_ = both(shapes.mixed, settings={"tracing_thresh": "10000"})
+    assert got == want
+    body = [line for line in got if not line.startswith("#")]
+    assert [line.split("|", 1)[1].strip() for line in body] == [
+        "} /* programs.shapes.slow */", "} /* programs.shapes.mixed */"]
+
+
+def test_function_tracer_native_equals_python(on_c_core):
+    got, want, *_ = both(recursion_program, tracer="function")
+    assert len(want) > 100
+    assert got == want
+
+
+def test_python_only_options_fall_back_to_the_python_user(on_c_core):
+    for option in ("funcgraph-retval", "funcgraph-args"):
+        fs = Tracefs()
+        try:
+            fs.write(f"options/{option}", "1")
+            fs.write("set_ftrace_filter", "*:mod:programs.shapes")
+            fs.write("current_tracer", "function_graph")
+            assert type(fs.tracer.ops) is GraphOps, option
+            shapes.middle(1)
+            fs.write("tracing_on", "0")
+            assert ("= 4" if option == "funcgraph-retval" else "x=1") in fs.read("trace")
+        finally:
+            fs.close()
+    ctx_reason = native.native_unavailable
+    fs = Tracefs()
+    try:
+        fs.write("options/funcgraph-retval", "1")
+        assert (ctx_reason(fs.ctx, "function_graph")
+                == "option funcgraph-retval needs the Python user")
+        fs.write("options/funcgraph-retval", "0")
+        assert ctx_reason(fs.ctx, "function_graph") is None
+    finally:
+        fs.close()
+
+
+def _hits(fs) -> dict[str, int]:
+    out = {}
+    for line in fs.read("trace_stat/function0").splitlines()[2:]:
+        name, hit = line.split()[:2]
+        out[name] = int(hit)
+    return out
+
+
+def _profile(program, native_users: bool, graph_time: str = "1"):
+    fs = Tracefs()
+    try:
+        fs.ctx.native_users = native_users
+        fs.write("options/graph-time", graph_time)
+        fs.write("set_ftrace_filter", "*:mod:programs.*")
+        fs.write("function_profile_enabled", "1")
+        kind = type(fs.profiler.ops)
+        program()
+        fs.write("function_profile_enabled", "0")
+        return fs, kind
+    except BaseException:
+        fs.close()
+        raise
+
+
+@pytest.mark.parametrize("graph_time", ["1", "0"])
+def test_profiler_native_hits_equal_python(on_c_core, graph_time):
+    def program():
+        recursion_program()
+        generators_program()
+        stdlib_heavy.main()
+    results = []
+    for native_users in (True, False):
+        fs, _ = _profile(program, native_users, graph_time)
+        try:
+            ops = fs.profiler.last
+            assert type(ops) is (NativeProfileOps if native_users else ProfileOps)
+            results.append((_hits(fs), ops.rows()))
+        finally:
+            fs.close()
+    (native_hits, native_rows), (python_hits, _) = results
+    assert len(python_hits) > 15
+    assert native_hits == python_hits
+    by_code = {}
+    for _, code, hit, t, sq in native_rows:
+        by_code.setdefault(code.co_name, []).append((hit, t, sq))
+        assert hit >= 1 and sq >= 0
+        if graph_time == "1":
+            assert t >= 0
+    # fib's time includes its children's with graph-time on, excludes them with it off
+    (fib_hit, fib_time, _), = by_code["fib"]
+    assert fib_hit == calls_of_fib(12)
+
+
+def calls_of_fib(n: int) -> int:
+    return 1 if n < 2 else 1 + calls_of_fib(n - 1) + calls_of_fib(n - 2)
+
+
+def test_profiler_self_time_is_total_minus_children(on_c_core):
+    """With graph-time off, outer's self time is its total minus leaf's time under it."""
+    fs_total, _ = _profile(lambda: [calls.outer(i) for i in range(200)], True, "1")
+    fs_self, _ = _profile(lambda: [calls.outer(i) for i in range(200)], True, "0")
+    try:
+        total = {c.co_name: (h, t) for _, c, h, t, _ in fs_total.profiler.last.rows()}
+        self_ = {c.co_name: (h, t) for _, c, h, t, _ in fs_self.profiler.last.rows()}
+    finally:
+        fs_total.close()
+        fs_self.close()
+    assert total["outer"][0] == self_["outer"][0] == 200
+    assert total["leaf"][0] == self_["leaf"][0] == 400  # outer calls leaf twice
+    # a leaf's self time is its total; a caller's self time is less than its total
+    assert self_["outer"][1] < total["outer"][1] + total["leaf"][1]
+    assert self_["outer"][1] > 0
+
+
+def test_deep_recursion_and_teardown_with_open_calls(on_c_core):
+    """10,000-deep recursion recorded natively; tracing stopped while calls are open
+    closes them as unfinished exits, exactly once each."""
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 12000))
+    fs = Tracefs()
+    try:
+        fs.write("buffer_size_kb", "65536")
+        fs.write("set_ftrace_filter", "programs.calls.deep")
+        fs.write("current_tracer", "function_graph")
+        assert type(fs.tracer.ops) is NativeGraphOps
+        calls.deep(10_000)
+        fs.write("tracing_on", "0")
+        events = fs.ctx.buffer.snapshot()
+    finally:
+        fs.close()
+    entries = [e for e in events if e[0] == 2]
+    exits = [e for e in events if e[0] == 3]
+    assert len(entries) == len(exits) == 10_001
+    assert max(e[3] for e in entries) == 10_000
+
+
+def test_unfinished_exit_when_tracing_ends_inside_a_call(on_c_core):
+    fs = Tracefs()
+    started, release = threading.Event(), threading.Event()
+    t = threading.Thread(target=calls.block, args=(started, release))
+    try:
+        fs.write("set_ftrace_filter", "*:mod:programs.calls")
+        fs.write("current_tracer", "function_graph")
+        assert type(fs.tracer.ops) is NativeGraphOps
+        calls.outer(1)
+        t.start()
+        started.wait()
+    finally:
+        fs.close()  # block() is open in t: its exit is delivered now, unfinished
+        release.set()
+        t.join()
+    events = fs.ctx.buffer.snapshot()
+    exits = [e for e in events if e[0] == 3 and e[4] == "programs.calls.block"]
+    assert len(exits) == 1 and exits[0][8] & 1  # FLAG_UNFINISHED
+    assert exits[0][2] == t.native_id  # stamped with the thread the call ran in
+    outer_exits = [e for e in events if e[0] == 3 and e[4] == "programs.calls.outer"]
+    assert len(outer_exits) == 1 and not outer_exits[0][8] & 1
+
+
+def test_native_records_hold_no_program_objects(on_c_core):
+    """Records keep code objects only: the program's values are never kept alive."""
+    class Big:
+        pass
+
+    def make():
+        return Big()
+
+    import weakref
+    fs = Tracefs()
+    try:
+        fs.write("set_ftrace_filter", "*make*")
+        fs.write("current_tracer", "function_graph")
+        obj = make()
+        ref = weakref.ref(obj)
+        del obj
+        gc.collect()
+        assert ref() is None
+    finally:
+        fs.close()
+
+
+def test_no_leaks_over_many_runs(on_c_core):
+    code = calls.fib.__code__
+
+    def once():
+        fs = Tracefs()
+        try:
+            fs.write("set_ftrace_filter", "programs.calls.fib")
+            fs.write("current_tracer", "function_graph")
+            fs.write("function_profile_enabled", "1")
+            calls.fib(10)
+            fs.write("function_profile_enabled", "0")
+            fs.write("current_tracer", "nop")
+            fs.write("trace", "")
+        finally:
+            fs.close()
+
+    once()
+    gc.collect()
+    before = sys.getrefcount(code), len(gc.get_objects())
+    for _ in range(20):
+        once()
+    gc.collect()
+    after = sys.getrefcount(code), len(gc.get_objects())
+    assert after[0] == before[0]
+    assert after[1] - before[1] < 200
+
+
+def test_bad_native_user_input_is_a_clear_error():
+    with pytest.raises(ValueError, match="kind must be"):
+        native._native.NativeUser("bogus")
+    with pytest.raises(TypeError, match="need a buffer"):
+        native._native.NativeUser("function_graph")
+    user = native._native.NativeUser("profile")
+    with pytest.raises(AttributeError, match="no handler 'func'"):
+        user.handler("func")
+    with pytest.raises(TypeError, match="entry data of a native user"):
+        user.handler("retfunc")(None, None, 0, object(), None, None, 0, 1, 0, 0)
