@@ -570,11 +570,36 @@ def test_help(command: str) -> None:
 def test_version() -> None:
     r = rethook("--version")
     assert r.returncode == 0
-    first, note = r.stdout.splitlines()
+    first, note, users = r.stdout.splitlines()
     assert re.fullmatch(r"rethook \d+\.\d+\.\d+ \(engine: (c|python) core, \w+ \d+\.\d+\.\d+\S*\)",
                         first)
     # which core runs, and why (the C core unless it is not built or RETHOOK_ENGINE=python)
     assert note.startswith(("C core", "pure-Python core"))
+    # and which users the tracers run (native on the C core when built)
+    assert users.startswith(("tracers: native users", "tracers: Python users"))
+    assert users.startswith("tracers: native") == ("engine: c core" in first
+                                                   and "not built" not in users)
+
+
+def test_engine_option_forces_the_pure_core(tmp_path: Path) -> None:
+    r = rethook("--engine", "python", "--version")
+    assert r.returncode == 0
+    assert "(engine: python core," in r.stdout
+    assert "tracers: Python users (the engine runs on the pure-Python core)" in r.stdout
+    # the same program recorded on either core reports the same trace
+    pytest.importorskip("rethook.engine._ccore")
+    reports = []
+    for engine in ("python", "c"):
+        out = tmp_path / f"{engine}.dat"
+        rec = rethook("--engine", engine, "record", "-o", str(out), "golden.py")
+        assert rec.returncode == 0, rec.stderr
+        rep = rethook("report", "-i", str(out))
+        assert rep.returncode == 0, rep.stderr
+        reports.append(normalise(rep.stdout))
+    assert len(reports[0]) > 10 and " 0)               |  __main__.main() {" in reports[0]
+    assert reports[0] == reports[1]
+    r = rethook("--engine", "fast", "--version")
+    assert r.returncode == 2 and "Invalid value for '--engine'" in r.stderr
 
 
 def test_console_script_is_installed() -> None:

@@ -57,10 +57,23 @@ def _version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
     note = getattr(core, "note", "")
     if note:
         click.echo(note)
+    from rethook.tracers.native import users_note
+
+    click.echo(users_note(core.name))
     ctx.exit()
 
 
+def _engine(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+    """``--engine``: the same as RETHOOK_ENGINE, set before the engine is made."""
+    if value is not None and not ctx.resilient_parsing:
+        os.environ["RETHOOK_ENGINE"] = value
+
+
 @click.group(context_settings=CONTEXT)
+@click.option("--engine", type=click.Choice(["c", "python"]), expose_value=False,
+              is_eager=True, callback=_engine,
+              help="The hook engine's core: c (the default when built) or python (the pure "
+                   "reference core, with the Python tracer users). Same as RETHOOK_ENGINE.")
 @click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_version,
               help="Show the version and the hook engine, and exit.")
 def cli() -> None:

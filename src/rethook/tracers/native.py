@@ -52,6 +52,16 @@ def native_unavailable(ctx: TraceContext, kind: str) -> str | None:
     return None
 
 
+def users_note(core_name: str) -> str:
+    """One line for ``rethook --version``: which users the built-in tracers run."""
+    if _native is None:
+        return f"tracers: Python users ({_WHY_NOT_BUILT})"
+    if core_name != "c":
+        return "tracers: Python users (the engine runs on the pure-Python core)"
+    return ("tracers: native users (function, function_graph, profiler in C; "
+            "Python users for funcgraph-args, funcgraph-retval, func_stack_trace)")
+
+
 def native_user(kind: str, ctx: TraceContext | None = None, **params: Any) -> Any:
     """A ``_native.NativeUser`` of ``kind`` writing into ``ctx.buffer`` (not for the profiler)."""
     if ctx is not None:
