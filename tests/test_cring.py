@@ -683,3 +683,32 @@ def test_tracefs_views_and_recorder_include_native_events(engine, tmp_path, crin
         (2, 1000, "programs.shapes.middle"), (2, 2000, "programs.shapes.leaf"),
         (3, 3000, "programs.shapes.leaf"), (3, 9000, "programs.shapes.middle")]
     assert recorder.events == 4 and recorder.lost == 0
+
+
+def test_c_decoding_equals_the_python_reference(cring):
+    """Readers decode in C (Ring.events/consume with tid and name_of); native.decode is the
+    reference: the same tuples for every record type, non-consuming and consuming."""
+    ring = cring.Ring(64, 5)
+    ring.write(*rec(1, ALPHA, BETA, rtype=1, depth=17))
+    ring.write(*rec(2, ALPHA, None, rtype=1, depth=0))
+    ring.write(*rec(3, BETA, rtype=2, depth=1))
+    ring.write(*rec(4, BETA, rtype=3, depth=1, calltime=3, sleep=5, flags=4, overrun=2))
+    ring.write(*rec(5, GAMMA, rtype=4, depth=2))
+    ring.write(*rec(6, GAMMA, rtype=5, depth=-3))
+    ring.write(*rec(7, GAMMA, rtype=99))
+    want = native.decode(ring.events(), 42, names)
+    assert len(want) == 7
+    assert ring.events(42, names) == want
+    lost_before, got, lost_after = ring.consume(42, names)
+    assert (lost_before, got, lost_after) == (0, want, 0)
+    assert ring.events(42, names) == [] and ring.stats() == (0, 7, 0, 7)
+    with pytest.raises(TypeError, match="both tid and name_of"):
+        ring.events(42)
+
+    def failing(code):
+        raise LookupError("no name")
+
+    ring.write(*rec(8, ALPHA, rtype=2))
+    with pytest.raises(LookupError):
+        ring.events(1, failing)
+    assert ring.stats()[0] == 1  # a failed non-consuming read leaves the record in place

@@ -536,9 +536,14 @@ class Recorder(_Drain):
         self.lost = fs.ctx.buffer.totals().lost
 
     def summary(self) -> str:
-        """``rethook: 12,345 events (0 lost) written to trace.dat (123.4 KB)``."""
-        return (f"rethook: {self.events:,} events ({self.lost:,} lost) written to "
+        """``rethook: 12,345 events (0 lost) written to trace.dat (123.4 KB)``, and a hint
+        when events were lost."""
+        line = (f"rethook: {self.events:,} events ({self.lost:,} lost) written to "
                 f"{self.path} ({human_size(self.size)})")
+        if self.lost:
+            line += ("\nrethook: the program made events faster than they could be written;"
+                     " a larger per-thread buffer (-b KB) or a narrower filter (-l) keeps them")
+        return line
 
 
 class Streamer(_Drain):

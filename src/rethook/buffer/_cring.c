@@ -250,22 +250,170 @@ ring_write(rh_ring *r, PyObject *args)
     Py_RETURN_TRUE;
 }
 
+/* ---------------------------------------------------------------------------------------- */
+/* Decoding in C: records straight into the event tuples the Python tracers append
+ * (rethook/buffer/native.py:decode is the reference), so a reader makes one tuple per record
+ * and calls name_of once per distinct code object per read. */
+
+#define EV_PRINT 7 /* tracers/formats.py: PRINT, for a record of an unknown type */
+
+/* name_of(code), cached in names (id(code) -> str) for one read: the records being decoded
+ * keep their codes alive, so an id cannot be reused meanwhile. Borrowed; NULL on error. */
+typedef struct {
+    PyObject *dict;      /* id(code) -> name */
+    PyObject *last_code; /* borrowed: consecutive records often name the same code */
+    PyObject *last_name; /* borrowed from dict */
+} Names;
+
 static PyObject *
-ring_events(rh_ring *r, PyObject *Py_UNUSED(ignored))
+code_name(Names *names, PyObject *name_of, PyObject *code)
+{
+    static PyObject *unknown;
+    if (code != NULL && code == names->last_code)
+        return names->last_name;
+    if (code == NULL) {
+        if (unknown == NULL && (unknown = PyUnicode_InternFromString("?")) == NULL)
+            return NULL;
+        return unknown;
+    }
+    PyObject *key = PyLong_FromVoidPtr(code);
+    if (key == NULL)
+        return NULL;
+    PyObject *name = PyDict_GetItemWithError(names->dict, key);
+    if (name == NULL && !PyErr_Occurred()) {
+        name = PyObject_CallOneArg(name_of, code);
+        if (name != NULL) {
+            int r = PyDict_SetItem(names->dict, key, name);
+            Py_DECREF(name); /* the dict holds it */
+            if (r < 0)
+                name = NULL;
+        }
+    }
+    Py_DECREF(key);
+    if (name != NULL) { /* the dict holds name, and the records being read hold code */
+        names->last_code = code;
+        names->last_name = name;
+    }
+    return name;
+}
+
+/* A tuple of n items from new references (NULL items: an allocation failed; all released). */
+static PyObject *
+tuple_of(Py_ssize_t n, PyObject **items)
+{
+    PyObject *t = PyTuple_New(n);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (items[i] == NULL || t == NULL)
+            Py_CLEAR(t);
+        else
+            PyTuple_SET_ITEM(t, i, items[i]);
+    }
+    if (t == NULL)
+        for (Py_ssize_t i = 0; i < n; i++)
+            Py_XDECREF(items[i]);
+    return t;
+}
+
+static PyObject *
+event_tuple(const rh_rec *rec, PyObject *tid, Names *names, PyObject *name_of,
+            PyObject *empty)
+{
+    PyObject *name = code_name(names, name_of, rec->code);
+    if (name == NULL)
+        return NULL;
+    PyObject *type = PyLong_FromLong(rec->type), *ts = PyLong_FromLongLong(rec->ts);
+    switch (rec->type) {
+    case RH_FUNCGRAPH_ENTRY: {
+        PyObject *it[6] = {type, ts, Py_NewRef(tid), PyLong_FromLong(rec->depth),
+                           Py_NewRef(name), Py_NewRef(empty)};
+        return tuple_of(6, it);
+    }
+    case RH_FUNCGRAPH_EXIT: {
+        PyObject *it[10] = {type, ts, Py_NewRef(tid), PyLong_FromLong(rec->depth),
+                            Py_NewRef(name), PyLong_FromLongLong(rec->calltime),
+                            PyLong_FromLong(rec->overrun), PyLong_FromLongLong(rec->sleep),
+                            PyLong_FromLong(rec->flags), Py_NewRef(empty)};
+        return tuple_of(10, it);
+    }
+    case RH_FUNCGRAPH_SUSPEND:
+    case RH_FUNCGRAPH_RESUME: {
+        PyObject *it[5] = {type, ts, Py_NewRef(tid), PyLong_FromLong(rec->depth),
+                           Py_NewRef(name)};
+        return tuple_of(5, it);
+    }
+    case RH_FUNCTION: {
+        /* depth holds the caller's line */
+        PyObject *parent = rec->parent != NULL ? code_name(names, name_of, rec->parent)
+                                               : empty;
+        PyObject *it[6] = {type, ts, Py_NewRef(tid), Py_NewRef(name), Py_XNewRef(parent),
+                           PyLong_FromLong(rec->depth)};
+        return tuple_of(6, it);
+    }
+    default: {
+        Py_XDECREF(type);
+        PyObject *it[4] = {PyLong_FromLong(EV_PRINT), ts, Py_NewRef(tid),
+                           PyUnicode_FromFormat("rethook: native record of unknown type %d",
+                                                (int)rec->type)};
+        return tuple_of(4, it);
+    }
+    }
+}
+
+/* A list of the event tuples of n copied records, or NULL. */
+static PyObject *
+event_list(const rh_rec *recs, uint64_t n, PyObject *tid, PyObject *name_of)
+{
+    Names names = {PyDict_New(), NULL, NULL};
+    PyObject *empty = PyUnicode_FromString("");
+    PyObject *list = names.dict && empty ? PyList_New((Py_ssize_t)n) : NULL;
+    for (uint64_t i = 0; list != NULL && i < n; i++) {
+        PyObject *t = event_tuple(&recs[i], tid, &names, name_of, empty);
+        if (t == NULL)
+            Py_CLEAR(list);
+        else
+            PyList_SET_ITEM(list, (Py_ssize_t)i, t);
+    }
+    Py_XDECREF(names.dict);
+    Py_XDECREF(empty);
+    return list;
+}
+
+/* Optional (tid, name_of) of events() and consume(): decode into event tuples. */
+static int
+decode_args(PyObject *args, PyObject **tid, PyObject **name_of)
+{
+    *tid = *name_of = NULL;
+    if (!PyArg_UnpackTuple(args, "events", 0, 2, tid, name_of))
+        return -1;
+    if ((*tid == NULL) != (*name_of == NULL)) {
+        PyErr_SetString(PyExc_TypeError, "give both tid and name_of, or neither");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *
+ring_events(rh_ring *r, PyObject *args)
 {
     uint64_t n;
+    PyObject *tid, *name_of;
+    if (decode_args(args, &tid, &name_of) < 0)
+        return NULL;
     rh_rec *copy = copy_out(r, 0, &n);
     if (copy == NULL)
         return NULL;
-    PyObject *list = rec_list(copy, n);
+    PyObject *list = tid ? event_list(copy, n, tid, name_of) : rec_list(copy, n);
     release_array(copy, n);
     PyMem_Free(copy);
     return list;
 }
 
 static PyObject *
-ring_consume(rh_ring *r, PyObject *Py_UNUSED(ignored))
+ring_consume(rh_ring *r, PyObject *args)
 {
+    PyObject *tid, *name_of;
+    if (decode_args(args, &tid, &name_of) < 0)
+        return NULL;
     uint64_t lost_before = r->floor - r->read_pos, lost_after = r->refused_unreported;
     uint64_t clear_seq = r->clear_seq, n;
     rh_rec *taken = copy_out(r, 1, &n);
@@ -275,7 +423,7 @@ ring_consume(rh_ring *r, PyObject *Py_UNUSED(ignored))
     r->read_pos = r->floor = r->head;
     r->consumed += n;
     r->refused_unreported = 0;
-    PyObject *records = rec_list(taken, n);
+    PyObject *records = tid ? event_list(taken, n, tid, name_of) : rec_list(taken, n);
     PyObject *result = NULL;
     if (records != NULL)
         result = Py_BuildValue("(KNK)", (unsigned long long)lost_before, records,
@@ -357,11 +505,13 @@ static PyMethodDef ring_methods[] = {
      "write(type, ts, code, parent, depth, calltime, sleep, flags, overrun) -> bool\n\n"
      "Write one record as a native user would (parent may be None). False when it is not\n"
      "written: tracing off, or a full ring that does not overwrite (then counted refused)."},
-    {"events", (PyCFunction)ring_events, METH_NOARGS,
-     "events() -> list of (type, ts, code, parent, depth, calltime, sleep, flags, overrun)\n\n"
-     "The readable records, oldest first, without consuming them."},
-    {"consume", (PyCFunction)ring_consume, METH_NOARGS,
-     "consume() -> (lost_before, records, lost_after)\n\n"
+    {"events", (PyCFunction)ring_events, METH_VARARGS,
+     "events([tid, name_of]) -> list of (type, ts, code, parent, depth, calltime, sleep, "
+     "flags, overrun)\n\n"
+     "The readable records, oldest first, without consuming them. With tid and name_of,\n"
+     "decoded into the event tuples the Python tracers append (buffer/native.py:decode)."},
+    {"consume", (PyCFunction)ring_consume, METH_VARARGS,
+     "consume([tid, name_of]) -> (lost_before, records, lost_after)\n\n"
      "Take every readable record (as events() gives them). lost_before: records overwritten\n"
      "since the last consume (they came before these); lost_after: records refused since\n"
      "then."},

@@ -83,6 +83,9 @@ def default_name_of(code: CodeType) -> str:
 def decode(records: Iterable[RawRecord], tid: int, name_of: NameOf) -> list[Event]:
     """Turn raw records into the event tuples the pure-Python tracers append.
 
+    The reference for the ring's own decoding (``Ring.events(tid, name_of)``,
+    ``Ring.consume(tid, name_of)``, in C), which readers use; tests hold the two equal.
+
     Names are cached by code id for this call only: ``records`` keeps the codes alive while
     it runs, so an id cannot be reused by another code object meanwhile (it could between
     calls).
@@ -116,15 +119,15 @@ def decode(records: Iterable[RawRecord], tid: int, name_of: NameOf) -> list[Even
     return out
 
 
-def consumed_items(taken: tuple[int, list[RawRecord], int], tid: int,
-                   name_of: NameOf) -> list[Event | Lost]:
-    """A ``Ring.consume()`` result as pipe items: a Lost for the records overwritten since
-    the last read, the events, a Lost for the records refused since then."""
-    lost_before, records, lost_after = taken
+def consumed_items(taken: tuple[int, list[Event], int], tid: int) -> list[Event | Lost]:
+    """A ``Ring.consume(tid, name_of)`` result (records decoded in C) as pipe items: a Lost
+    for the records overwritten since the last read, the events, a Lost for the records
+    refused since then."""
+    lost_before, events, lost_after = taken
     items: list[Event | Lost] = []
     if lost_before:
         items.append(Lost(tid, lost_before))
-    items += decode(records, tid, name_of)
+    items += events
     if lost_after:
         items.append(Lost(tid, lost_after))
     return items

@@ -490,7 +490,7 @@ class ThreadBuffer:
         if ring is None:
             return out
         return _native.merge_events(
-            _native.decode(ring.events(), self.tid, self._owner._name_of), out)
+            ring.events(self.tid, self._owner._name_of), out)
 
     def _consume(self) -> list[Event | Lost]:
         """Take every visible event, with ``Lost`` items where sequence numbers skip.
@@ -504,7 +504,7 @@ class ThreadBuffer:
         ring = self._native
         if ring is None:
             return items
-        native = _native.consumed_items(ring.consume(), self.tid, self._owner._name_of)
+        native = _native.consumed_items(ring.consume(self.tid, self._owner._name_of), self.tid)
         if not native:
             return items
         if not items:
