@@ -522,6 +522,21 @@ graph_entry(NUser *u, PyObject *const *args, Py_ssize_t nargs)
     return (PyObject *)c;
 }
 
+/* A graph call leaves its thread (returns or suspends): undo what its entry did to the
+ * nesting counters. 1 for a set_graph_notrace call, which records nothing. */
+static inline int
+graph_leave(TState *st, NCall *c)
+{
+    if (c->kind == CALL_NOTRACE) {
+        st->notrace--;
+        return 1;
+    }
+    st->depth = c->d;
+    if (c->kind == CALL_ROOT)
+        st->graph--;
+    return 0;
+}
+
 /* function_graph: retfunc(code, frame, depth, data, retval, exc, t0, t1, sleep, flags) */
 static PyObject *
 graph_return(NUser *u, PyObject *const *args, Py_ssize_t nargs)
@@ -532,13 +547,8 @@ graph_return(NUser *u, PyObject *const *args, Py_ssize_t nargs)
     if (c == NULL)
         return NULL;
     TState *st = c->st;
-    if (c->kind == CALL_NOTRACE) {
-        st->notrace--;
+    if (graph_leave(st, c))
         Py_RETURN_NONE;
-    }
-    st->depth = c->d;
-    if (c->kind == CALL_ROOT)
-        st->graph--;
     int64_t t0, t1, sleep, flags;
     if (as_i64(args[6], &t0) < 0 || as_i64(args[7], &t1) < 0 || as_i64(args[8], &sleep) < 0
         || as_i64(args[9], &flags) < 0)
@@ -587,13 +597,8 @@ graph_suspend(NUser *u, PyObject *const *args, Py_ssize_t nargs)
     if (c == NULL)
         return NULL;
     TState *st = c->st;
-    if (c->kind == CALL_NOTRACE) {
-        st->notrace--;
+    if (graph_leave(st, c))
         Py_RETURN_NONE;
-    }
-    st->depth = c->d;
-    if (c->kind == CALL_ROOT)
-        st->graph--;
     int64_t t;
     if (as_i64(args[4], &t) < 0)
         return NULL;
