@@ -8,7 +8,6 @@ durations, timestamps and thread ids are normalised, the same profiler hits.
 
 import asyncio
 import gc
-import re
 import sys
 import threading
 
@@ -19,6 +18,7 @@ from rethook.control import Tracefs
 from rethook.tracers import native
 from rethook.tracers.function_graph import GraphOps, NativeGraphOps
 from rethook.tracers.profiler import NativeProfileOps, ProfileOps
+from test_tracers import normalise
 
 pytestmark = pytest.mark.skipif(native._native is None, reason="the native users are not built")
 
@@ -28,17 +28,6 @@ def on_c_core(engine):
     if engine.core.name != "c":
         pytest.skip("native users run on the C core only")
     return engine
-
-
-def normalise(text: str) -> list[str]:
-    out = []
-    for line in text.splitlines():
-        line = re.sub(r"(?<=[)|]) [ +!#*@$] +\d+(\.\d+)? us +\|", "  DUR |", line)
-        line = re.sub(r"(?:^|(?<=\S)) *\d+\.\d{6}", " TS", line)
-        line = re.sub(r"-\d+ *(?=\[)", "-TID ", line)
-        line = re.sub(r"-\d+", "-TID", line) if "|" in line else line
-        out.append(line.rstrip())
-    return out
 
 
 def run_traced(program, *, native_users: bool, tracer: str = "function_graph",

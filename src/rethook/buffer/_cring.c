@@ -83,32 +83,18 @@ copy_out(rh_ring *r, int take, uint64_t *n)
 }
 
 /* (type, ts, code, parent_or_None, depth, calltime, sleep, flags, overrun) */
+static PyObject *tuple_of(Py_ssize_t n, PyObject **items);
+
 static PyObject *
 rec_tuple(const rh_rec *rec)
 {
-    PyObject *t = PyTuple_New(9);
-    if (t == NULL)
-        return NULL;
-    PyObject *v;
-#define SET(i, expr)                  \
-    do {                              \
-        if ((v = (expr)) == NULL) {   \
-            Py_DECREF(t);             \
-            return NULL;              \
-        }                             \
-        PyTuple_SET_ITEM(t, (i), v);  \
-    } while (0)
-    SET(0, PyLong_FromLong(rec->type));
-    SET(1, PyLong_FromLongLong(rec->ts));
-    SET(2, Py_NewRef(rec->code != NULL ? rec->code : Py_None));
-    SET(3, Py_NewRef(rec->parent != NULL ? rec->parent : Py_None));
-    SET(4, PyLong_FromLong(rec->depth));
-    SET(5, PyLong_FromLongLong(rec->calltime));
-    SET(6, PyLong_FromLongLong(rec->sleep));
-    SET(7, PyLong_FromLong(rec->flags));
-    SET(8, PyLong_FromLong(rec->overrun));
-#undef SET
-    return t;
+    PyObject *it[9] = {PyLong_FromLong(rec->type), PyLong_FromLongLong(rec->ts),
+                       Py_NewRef(rec->code != NULL ? rec->code : Py_None),
+                       Py_NewRef(rec->parent != NULL ? rec->parent : Py_None),
+                       PyLong_FromLong(rec->depth), PyLong_FromLongLong(rec->calltime),
+                       PyLong_FromLongLong(rec->sleep), PyLong_FromLong(rec->flags),
+                       PyLong_FromLong(rec->overrun)};
+    return tuple_of(9, it);
 }
 
 /* A list of the tuples of n copied records (the copies keep their references). */
