@@ -9,12 +9,17 @@ buffer, against an empty loop.
 
 Requirement checked here (not in the tests): writing 1M events takes <= 0.5 s.
 
+Then the writer's per-event cost on a recorded function_graph trace (fib(25): entry and exit
+events alternating, what ``rethook record`` drains), with the C column encoder
+(rethook.buffer._tfenc) and with the pure-Python encoder, alternating, median of the runs.
+
     python bench/bench_tracefile.py [--events N] [--repeat R]
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import random
 import statistics
@@ -22,6 +27,7 @@ import sys
 import tempfile
 import time
 
+from rethook.buffer import tracefile
 from rethook.buffer.events import FormatRegistry
 from rethook.buffer.ring import TraceBuffer
 from rethook.buffer.tracefile import TraceReader, TraceWriter
@@ -116,6 +122,43 @@ def local_ns(n: int, repeat: int) -> float:
     return statistics.median(results)
 
 
+def record_function_graph(n: int) -> tuple[FormatRegistry, list]:
+    """The events of a function_graph trace of workloads.fib(n), as the recorder drains them."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import workloads
+    from rethook.control import Tracefs
+
+    fs = Tracefs()
+    try:
+        fs.write("buffer_size_kb", "262144")
+        fs.write("set_ftrace_filter", "workloads.fib")
+        fs.write("current_tracer", "function_graph")
+        workloads.run_calls(n)
+        fs.write("tracing_on", "0")
+        return fs.ctx.formats, fs.ctx.buffer._consume_all()
+    finally:
+        fs.close()
+
+
+def encoder_ns(formats: FormatRegistry, items: list, repeat: int) -> tuple[float, float | None]:
+    """Median ns/event of TraceWriter.write_events into memory: with the C column encoder
+    (None when it is not built) and with the pure-Python one, runs alternating."""
+    c_module = tracefile._tfenc
+    results: dict[bool, list[float]] = {True: [], False: []}
+    try:
+        for _ in range(repeat):
+            for use_c in (True, False) if c_module is not None else (False,):
+                tracefile._tfenc = c_module if use_c else None
+                writer = TraceWriter(io.BytesIO(), formats=formats)
+                t0 = time.perf_counter()
+                writer.write_events(items)
+                results[use_c].append((time.perf_counter() - t0) / len(items) * 1e9)
+    finally:
+        tracefile._tfenc = c_module
+    with_c = statistics.median(results[True]) if results[True] else None
+    return statistics.median(results[False]), with_c
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=1_000_000)
@@ -142,6 +185,16 @@ def main() -> int:
     print(f"  read back    {read_s:.3f} s  ({n / read_s / 1e6:.2f} M events/s)")
     ok = median <= WRITE_BUDGET_SECONDS * n / 1_000_000
     print(f"  budget {WRITE_BUDGET_SECONDS} s per 1M events: {'OK' if ok else 'OVER'}")
+
+    formats, items = record_function_graph(25)
+    python_ns, c_ns = encoder_ns(formats, items, args.repeat)
+    print(f"function_graph trace of fib(25), {len(items)} events, write to memory"
+          f" (median of {args.repeat}):")
+    if c_ns is None:
+        print(f"  C encoder    not built; pure Python {python_ns:6.0f} ns/event")
+    else:
+        print(f"  C encoder    {c_ns:6.0f} ns/event  ({python_ns / c_ns:.1f}x)")
+        print(f"  pure Python  {python_ns:6.0f} ns/event")
     return 0 if ok else 1
 
 

@@ -572,7 +572,7 @@ def test_help(command: str) -> None:
 def test_version() -> None:
     r = rethook("--version")
     assert r.returncode == 0
-    first, note, users = r.stdout.splitlines()
+    first, note, users, clock = r.stdout.splitlines()
     assert re.fullmatch(r"rethook \d+\.\d+\.\d+ \(engine: (c|python) core, \w+ \d+\.\d+\.\d+\S*\)",
                         first)
     # which core runs, and why (the C core unless it is not built or RETHOOK_ENGINE=python)
@@ -581,6 +581,8 @@ def test_version() -> None:
     assert users.startswith(("tracers: native users", "tracers: Python users"))
     assert users.startswith("tracers: native") == ("engine: c core" in first
                                                    and "not built" not in users)
+    # and the trace clock (the TSC scaled onto CLOCK_MONOTONIC, or CLOCK_MONOTONIC itself)
+    assert clock.startswith(("clock: tsc (", "clock: monotonic ("))
 
 
 def test_engine_option_forces_the_pure_core(tmp_path: Path) -> None:

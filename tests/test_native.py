@@ -334,3 +334,139 @@ def test_bad_native_user_input_is_a_clear_error():
         user.handler("func")
     with pytest.raises(TypeError, match="entry data of a native user"):
         user.handler("retfunc")(None, None, 0, object(), None, None, 0, 1, 0, 0)
+
+
+# --- the direct entry (engine/fgraph_direct.h) -----------------------------------------------
+def _dispatch_of(fs, func):
+    return fs.ctx.engine._table[id(func.__code__)]
+
+
+def test_direct_entry_only_where_the_native_user_is_alone(on_c_core):
+    """Plain functions whose one user is the native function_graph get a direct entry;
+    generators, functions shared with another user and funcgraph-overrun do not."""
+    from rethook.probes import Kretprobe
+    fs = Tracefs()
+    try:
+        fs.write("set_ftrace_filter", "programs.calls.fib programs.calls.leaf programs.gens.count")
+        fs.write("current_tracer", "function_graph")
+        direct = _dispatch_of(fs, calls.fib)[4]
+        assert direct is not None and direct[0] is calls.fib.__code__
+        assert direct[2] is fs.tracer.ops.direct
+        assert _dispatch_of(fs, gens.count)[4] is None  # matched by frame, parked: records
+        rp = Kretprobe("programs.calls.leaf", handler=lambda ri, v: None)
+        assert _dispatch_of(fs, calls.leaf)[4] is not None
+        rp.register()
+        try:
+            assert _dispatch_of(fs, calls.leaf)[4] is None  # two users: ordinary records
+            assert _dispatch_of(fs, calls.fib)[4] is not None
+        finally:
+            rp.unregister()
+        assert _dispatch_of(fs, calls.leaf)[4] is not None
+        fs.write("options/funcgraph-overrun", "1")
+        assert fs.tracer.ops.direct is None
+        assert _dispatch_of(fs, calls.fib)[4] is None
+    finally:
+        fs.close()
+
+
+def test_direct_and_ordinary_entries_mixed_on_one_stack(on_c_core):
+    """A kretprobe (Python) shares some functions with the native user: those calls get
+    records, the others direct entries, all on one shadow stack. The graph is the one the
+    Python user makes, and the probe sees every return."""
+    from rethook.probes import Kretprobe
+
+    def program():
+        calls.fib(9)
+        calls.catch_at(3, 12, [])
+        calls.outer(4)
+
+    def run(native_users):
+        seen = []
+        rp = Kretprobe("programs.calls._down", handler=lambda ri, v: seen.append(v))
+        rp.register()
+        try:
+            return run_traced(program, native_users=native_users), len(seen)
+        finally:
+            rp.unregister()
+
+    (got, got_type), got_seen = run(True)
+    (want, want_type), want_seen = run(False)
+    assert got_type is NativeGraphOps and want_type is GraphOps
+    assert got == want
+    assert got_seen == want_seen == 13  # _down at depths 0..12 returns or raises
+
+
+def test_direct_calls_stopped_from_another_thread_are_unfinished_once(on_c_core):
+    """Unregistering while another thread is inside directly hooked calls: each open call
+    gets one unfinished exit, in that thread's ring; the calls' real exits later add
+    nothing; the next tracer starts clean on the same thread."""
+    started, release = threading.Event(), threading.Event()
+
+    def work():
+        calls.outer(1)
+        calls.block(started, release)
+
+    fs = Tracefs()
+    t = threading.Thread(target=work)
+    try:
+        fs.write("set_ftrace_filter", "programs.calls.block programs.calls.outer "
+                 "programs.calls.leaf")
+        fs.write("current_tracer", "function_graph")
+        ops, engine = fs.tracer.ops, fs.ctx.engine
+        t.start()
+        started.wait()
+        engine.unregister_ftrace_graph(ops)  # block() is open in t: swept from here
+        events = fs.ctx.buffer.snapshot()
+        release.set()
+        t.join()
+        after = fs.ctx.buffer.snapshot()
+        engine.register_ftrace_graph(ops)  # (a new tracer would clear the buffer)
+        calls.outer(2)
+        fs.write("tracing_on", "0")
+        again = fs.ctx.buffer.snapshot()
+    finally:
+        release.set()
+        fs.close()
+    block_exits = [e for e in events if e[0] == 3 and e[4] == "programs.calls.block"]
+    assert len(block_exits) == 1 and block_exits[0][8] & 1  # FLAG_UNFINISHED
+    assert block_exits[0][2] == t.native_id
+    assert after == events  # block's real return came after the tracer left: nothing more
+    mine = [(e[0], e[4]) for e in again if e[2] == threading.get_native_id()]
+    assert mine[-6:] == [(2, "programs.calls.outer"), (2, "programs.calls.leaf"),
+                         (3, "programs.calls.leaf"), (2, "programs.calls.leaf"),
+                         (3, "programs.calls.leaf"), (3, "programs.calls.outer")]
+
+
+def test_python_events_inside_native_calls_keep_their_order(on_c_core):
+    """Events written from Python (a probe event) and records written in C share one clock:
+    merged by time, a probe hit inside a directly hooked call lands between its entry and
+    exit lines."""
+    fs = Tracefs()
+    try:
+        fs.write("dynamic_events", "p:leafhit programs.calls.leaf x")
+        fs.write("events/enable", "1")
+        fs.write("set_ftrace_filter", "programs.calls.outer")
+        fs.write("current_tracer", "function_graph")
+        assert _dispatch_of(fs, calls.outer)[4] is not None
+        for i in range(50):
+            calls.outer(i)
+        fs.write("tracing_on", "0")
+        body = [line for line in fs.read("trace").splitlines() if not line.startswith("#")]
+    finally:
+        fs.close()
+    kinds = ["hit" if "leafhit" in line else "entry" if line.rstrip().endswith("{")
+             else "exit" for line in body]
+    assert kinds == ["entry", "hit", "hit", "exit"] * 50
+
+
+def test_publish_rejects_a_malformed_direct_entry(on_c_core):
+    from rethook.engine import _ccore
+    code = calls.fib.__code__
+    reg = object()
+    with pytest.raises(TypeError, match="direct entry"):
+        _ccore.publish({id(code): ((), (reg,), 2, (code,), (code, reg))})
+    with pytest.raises(ValueError):  # not a direct-hooks capsule
+        _ccore.publish({id(code): ((), (reg,), 2, (code,), (code, reg, object()))})
+    with pytest.raises(TypeError, match="direct entry"):  # two users cannot share one
+        _ccore.publish({id(code): ((), (reg, reg), 2, (code,), (code, reg, None))})
+    _ccore.publish({})

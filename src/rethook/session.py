@@ -39,6 +39,7 @@ from typing import IO, Any
 import rethook
 from rethook.buffer.tracefile import TraceWriter
 from rethook.control.tracefs import Tracefs
+from rethook.engine import clock
 from rethook.engine.core import notrace
 from rethook.output.text import Threads, renderer_for
 
@@ -645,6 +646,7 @@ def trace_meta(fs: Tracefs, program: Program, filters: list[str],
         "rethook_version": rethook.__version__,
         "pid": os.getpid(),
         "clock": "monotonic_ns",
+        "clock_source": clock.source,
     }
 
 

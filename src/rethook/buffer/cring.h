@@ -60,6 +60,7 @@ typedef struct {
     rh_rec *recs;        /* capacity records */
     uint64_t capacity;   /* >= 1 */
     uint64_t head;       /* next sequence number */
+    uint64_t wpos;       /* head % capacity, kept up to date so writers never divide */
     uint64_t floor;      /* oldest readable sequence number */
     uint64_t clear_seq;  /* head at the last clear */
     uint64_t read_pos;   /* where the last consuming read ended (the pipe's position) */
@@ -107,11 +108,12 @@ rh_ring_reserve(rh_ring *r, rh_stale *stale)
         }
         r->floor = r->head - r->capacity + 1; /* the oldest is overwritten (lost) */
     }
-    rh_rec *rec = &r->recs[r->head % r->capacity];
+    rh_rec *rec = &r->recs[r->wpos];
     stale->code = rec->code;
     stale->parent = rec->parent;
     rec->code = rec->parent = NULL;
     r->head++;
+    r->wpos = r->wpos + 1 == r->capacity ? 0 : r->wpos + 1;
     return rec;
 }
 

@@ -29,10 +29,11 @@ unchanged (see docs/trace-format.md).
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
+
+from rethook.engine import clock
 
 #: The field types an event format may use, in the order of their type codes in the file.
 FIELD_TYPES: tuple[str, ...] = ("u64", "s64", "f64", "str", "bool")
@@ -48,7 +49,7 @@ COMMON_COUNT = len(COMMON_FIELDS)
 
 #: The clock all writers of one trace should stamp events with: per-thread monotonic and
 #: shared by all threads, so merging buffers by timestamp gives the order things happened.
-clock_ns = time.perf_counter_ns
+clock_ns = clock.now_ns
 
 #: A recorded event: ``(format_id, ts_ns, tid, *field_values)``.
 Event = tuple

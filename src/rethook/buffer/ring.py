@@ -790,10 +790,10 @@ class TraceBuffer:
 
     def _consume_all(self) -> list[Event | Lost]:
         with self._pipe_lock:
-            batches = [buf._consume() for buf in self.buffers()]
-        keyed = [_keyed_by_time(batch) for batch in batches if batch]
-        if len(keyed) == 1:
-            return [item for _, item in keyed[0]]
+            batches = [batch for buf in self.buffers() if (batch := buf._consume())]
+        if len(batches) <= 1:  # one thread: already in order
+            return batches[0] if batches else []
+        keyed = [_keyed_by_time(batch) for batch in batches]
         return [item for _, item in heapq.merge(*keyed, key=itemgetter(0))]
 
     def _wake(self) -> None:

@@ -24,8 +24,8 @@ import zlib
 from array import array
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from itertools import accumulate, islice, repeat
-from operator import itemgetter, sub
+from itertools import accumulate, compress, islice, repeat
+from operator import eq, itemgetter, sub
 from typing import IO, Any
 
 from rethook.buffer.events import (
@@ -142,6 +142,13 @@ _SIGNED = tuple(
 )
 _WIDTH_BY_CODE = {w.code: w for w in _UNSIGNED + _SIGNED}
 _I64_MIN, _I64_MAX = _SIGNED[3].lo, _SIGNED[3].hi
+
+# The optional C twin of _encode_group's column encoding (same bytes; it declines what it
+# does not handle). Imported here, after the constants it checks against its own.
+try:
+    from rethook.buffer import _tfenc
+except ImportError:
+    _tfenc = None
 
 
 def _narrowest(lo: int, hi: int) -> _Width | None:
@@ -332,18 +339,15 @@ class TraceWriter:
         distinct = set(fids)
         if len(distinct) == 1:
             groups = {fids[0]: batch}
-        else:
-            groups = {}
-            for event in batch:
-                try:
-                    groups[event[0]].append(event)
-                except KeyError:
-                    groups[event[0]] = [event]
+        else:  # one pass per format, at C speed (formats keep their first-seen order)
+            groups = {fid: list(compress(batch, map(eq, fids, repeat(fid))))
+                      for fid in dict.fromkeys(fids)}
         formats = [self._format_for(fid) for fid in groups]
         payload: list[bytes] = [_U32.pack(len(batch)), _U16.pack(len(groups))]
         payload += [struct.pack("<II", fmt.id, len(groups[fmt.id])) for fmt in formats]
-        if len(groups) > 1:
-            _encode_ints(fids, payload, False)  # which format each event is, in order
+        if len(groups) > 1:  # which format each event is, in order
+            if _tfenc is None or not _tfenc.encode_ints(fids, payload, False):
+                _encode_ints(fids, payload, False)
         new_strings: list[str] = []
         try:
             for fmt in formats:
@@ -389,11 +393,14 @@ class TraceWriter:
     def _encode_group(
         self, fmt: EventFormat, group: list, out: list[bytes], new_strings: list[str]
     ) -> None:
+        types = ("u64", "s64", *(f.type for f in fmt.fields))
+        strings = self._strings
+        if _tfenc is not None and _tfenc.encode_group(group, types, strings, new_strings, out):
+            return  # the bytes of the code below, which runs when the C encoder declines
         arity = fmt.arity
         if sum(map(len, group)) != arity * len(group):
             self._bad_length(fmt, group)
         columns = ("common_ts", "common_tid", *fmt.field_names)
-        types = ("u64", "s64", *(f.type for f in fmt.fields))
         for index, (name, ftype) in enumerate(zip(columns, types, strict=True), start=1):
             values = list(map(itemgetter(index), group))
             try:

@@ -60,6 +60,9 @@ def _version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
     from rethook.tracers.native import users_note
 
     click.echo(users_note(core.name))
+    from rethook.engine import clock
+
+    click.echo(clock.note())
     ctx.exit()
 
 

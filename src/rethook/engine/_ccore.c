@@ -34,6 +34,10 @@
 #include <stdint.h>
 #include <time.h>
 
+#include "clock.h"
+
+#include "fgraph_direct.h"
+
 #if PY_VERSION_HEX < 0x030C0000
 #error "rethook's C core needs CPython 3.12 or newer (sys.monitoring)"
 #endif
@@ -89,6 +93,8 @@ typedef struct {
     PyObject *entry;    /* borrowed from dispatch: tuple of EntryRegistration */
     PyObject *graph;    /* borrowed from dispatch: tuple of Registration */
     PyObject *marker;   /* borrowed from dispatch: (code,) or NULL for None */
+    PyObject *direct_entry;   /* borrowed: (code, reg, capsule) or NULL (fgraph_direct.h) */
+    const rh_direct *direct;  /* the capsule's hooks, or NULL */
     long flags;
 } Slot;
 
@@ -153,13 +159,12 @@ slot_store(PyObject *obj, Py_ssize_t off, PyObject *value)
     Py_XDECREF(old);
 }
 
+static const rh_clock *trace_clock; /* _clock's calibration, or NULL: CLOCK_MONOTONIC */
+
 static inline long long
 now_ns(void)
 {
-    /* time.perf_counter_ns() on Linux: the same clock, the same arithmetic. */
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (long long)t.tv_sec * 1000000000LL + (long long)t.tv_nsec;
+    return rh_clock_ns(trace_clock); /* the trace clock (clock.h), shared with Python */
 }
 
 /* Length of a shadow-stack entry (a record list or a marker tuple); -1 for anything else. */
@@ -205,6 +210,13 @@ list_pop(PyObject *list)
     }
     Py_SET_SIZE(list, n - 1); /* the list's reference becomes ours */
     return v;
+}
+
+/* A direct entry (fgraph_direct.h): the shared tuple (code, registration, capsule). */
+static inline int
+is_direct(PyObject *entry)
+{
+    return PyTuple_CheckExact(entry) && PyTuple_GET_SIZE(entry) == 3;
 }
 
 /* Records: lists with room for the header and one claim. Records whose last reference the
@@ -599,12 +611,42 @@ missed(PyObject *code, int graph_only)
     return r;
 }
 
+/* A direct entry left the stack (the caller holds it): its user's exit hook, on this thread. */
+static PyObject *last_capsule;      /* strong: the capsule last_direct came from */
+static const rh_direct *last_direct; /* (PyCapsule_GetPointer compares names with strcmp) */
+
+static void
+direct_exit(PyObject *entry, PyObject *exc, long flags, long long t, PyObject **pending)
+{
+    PyObject *capsule = PyTuple_GET_ITEM(entry, 2);
+    const rh_direct *d = last_direct;
+    if (capsule != last_capsule) {
+        d = PyCapsule_GetPointer(capsule, RH_DIRECT_CAPSULE);
+        if (d == NULL) {
+            stash_error(pending);
+            return;
+        }
+        Py_XSETREF(last_capsule, Py_NewRef(capsule));
+        last_direct = d;
+    }
+    if (d->exit(d->self, current_tstate(), PyTuple_GET_ITEM(entry, 0), t,
+                exc == Py_None ? NULL : exc, flags) < 0)
+        handler_error(PyTuple_GET_ITEM(entry, 1), pending);
+}
+
 /* Pop every claim off a record (newest first) and call each return handler once (core.deliver;
  * depth_obj, retval, exc, t and flags are passed through). */
 static int
 deliver(PyObject *ts, PyObject *rec, PyObject *depth_obj, PyObject *retval, PyObject *exc,
         PyObject *t, long flags, PyObject **pending)
 {
+    if (is_direct(rec)) {
+        long long tn = PyLong_AsLongLong(t);
+        if (tn == -1 && PyErr_Occurred())
+            return -1;
+        direct_exit(rec, exc, flags, tn, pending);
+        return 0;
+    }
     if (!PyList_Check(rec) || PyList_GET_SIZE(rec) <= REC_HEADER)
         return 0; /* a marker, or a record whose claims were all swept */
     PyObject *code = Py_NewRef(PyList_GET_ITEM(rec, REC_CODE));
@@ -846,6 +888,27 @@ on_start(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
         push(stack, marker, &pending);
         goto done;
     }
+    if (s->direct != NULL) {
+        /* Its one user is written in C: no record, no Python objects (fgraph_direct.h).
+         * Pushed first as below; the hooks run no Python code, so nothing sees the stack
+         * between the push and the answer. */
+        long long tn = now_ns();
+        if (PyList_Append(stack, s->direct_entry) < 0) {
+            stash_error(&pending);
+            push(stack, marker, &pending);
+            goto done;
+        }
+        int r = s->direct->entry(s->direct->self, current_tstate(), code, tn);
+        if (r <= 0) { /* declined (or failed: counted as its handler's error) */
+            if (r < 0)
+                handler_error(PyTuple_GET_ITEM(graph, 0), &pending);
+            Py_ssize_t n = PyList_GET_SIZE(stack);
+            if (n && PyList_GET_ITEM(stack, n - 1) == s->direct_entry &&
+                PyList_SetItem(stack, n - 1, Py_NewRef(marker)) < 0)
+                stash_error(&pending);
+        }
+        goto done;
+    }
     t = (flags & WANT_TIME) ? PyLong_FromLongLong(now_ns()) : Py_NewRef(zero);
     depth_obj = PyLong_FromSsize_t(depth);
     /* Push first, then ask the users (the kernel's order): while entry handlers run, the call
@@ -969,6 +1032,10 @@ on_return(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
             goto done;
         }
     }
+    if (is_direct(rec)) {
+        direct_exit(rec, NULL, 0, now_ns(), &pending);
+        goto done;
+    }
     if (!(PyList_CheckExact(rec) || PyList_Check(rec)))
         goto done; /* a marker */
     Py_ssize_t len = PyList_GET_SIZE(rec);
@@ -1070,7 +1137,10 @@ on_unwind(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
             goto done;
         }
     }
-    if (PyList_Check(rec) && PyList_GET_SIZE(rec) > REC_HEADER) { /* not a marker */
+    if (is_direct(rec)) {
+        direct_exit(rec, exc, 0, now_ns(), &pending);
+    }
+    else if (PyList_Check(rec) && PyList_GET_SIZE(rec) > REC_HEADER) { /* not a marker */
         int timed = PyList_GET_ITEM(rec, REC_TIME) == zero
                         ? 0 : PyObject_IsTrue(PyList_GET_ITEM(rec, REC_TIME));
         PyObject *t = timed > 0 ? PyLong_FromLongLong(now_ns()) : Py_NewRef(zero);
@@ -1253,15 +1323,33 @@ publish(PyObject *Py_UNUSED(module), PyObject *dict)
                     PyErr_SetString(PyExc_ValueError, "publish(): a key is 0");
                 goto fail;
             }
-            if (!PyTuple_Check(value) || PyTuple_GET_SIZE(value) != 4 ||
+            if (!PyTuple_Check(value) || PyTuple_GET_SIZE(value) < 4 ||
+                PyTuple_GET_SIZE(value) > 5 ||
                 !PyTuple_Check(PyTuple_GET_ITEM(value, 0)) ||
                 !PyTuple_Check(PyTuple_GET_ITEM(value, 1)) ||
                 !PyLong_Check(PyTuple_GET_ITEM(value, 2)) ||
                 (PyTuple_GET_ITEM(value, 3) != Py_None &&
                  !PyTuple_Check(PyTuple_GET_ITEM(value, 3)))) {
                 PyErr_SetString(PyExc_TypeError, "publish(): a dispatch entry is not "
-                                "(entry_regs tuple, graph_regs tuple, flags int, marker)");
+                                "(entry_regs tuple, graph_regs tuple, flags int, marker"
+                                "[, direct])");
                 goto fail;
+            }
+            PyObject *direct_entry = PyTuple_GET_SIZE(value) == 5 ? PyTuple_GET_ITEM(value, 4)
+                                                                  : Py_None;
+            const rh_direct *direct = NULL;
+            if (direct_entry != Py_None) {
+                if (!is_direct(direct_entry) || PyTuple_GET_SIZE(PyTuple_GET_ITEM(value, 0)) ||
+                    PyTuple_GET_SIZE(PyTuple_GET_ITEM(value, 1)) != 1 ||
+                    PyTuple_GET_ITEM(value, 3) == Py_None) {
+                    PyErr_SetString(PyExc_TypeError, "publish(): a direct entry is "
+                                    "(code, reg, capsule), for one graph user and a marker");
+                    goto fail;
+                }
+                direct = PyCapsule_GetPointer(PyTuple_GET_ITEM(direct_entry, 2),
+                                              RH_DIRECT_CAPSULE);
+                if (direct == NULL)
+                    goto fail;
             }
             long flags = PyLong_AsLong(PyTuple_GET_ITEM(value, 2));
             if (flags == -1 && PyErr_Occurred())
@@ -1277,6 +1365,8 @@ publish(PyObject *Py_UNUSED(module), PyObject *dict)
             s->entry = PyTuple_GET_ITEM(value, 0);
             s->graph = PyTuple_GET_ITEM(value, 1);
             s->marker = PyTuple_GET_ITEM(value, 3) == Py_None ? NULL : PyTuple_GET_ITEM(value, 3);
+            s->direct_entry = direct ? direct_entry : NULL;
+            s->direct = direct;
             s->flags = flags;
         }
     }
@@ -1481,6 +1571,7 @@ PyInit__ccore(void)
     }
     if (PyType_Ready(&TSGuard_Type) < 0)
         return NULL;
+    trace_clock = rh_clock_import();
     core_mod = PyImport_ImportModule("rethook.engine.core");
     if (core_mod == NULL)
         return NULL;

@@ -24,6 +24,8 @@ call of a hooked function pushes one entry and its exit pops it::
     user declined (or that overran): it    | reg, data       claim 0, in entry order      |
     keeps exits matched by code exact.     | reg, data       claim 1 ...                  |
                                            +---------------------------------------------+
+    a direct entry is the shared tuple (code, reg, capsule): one claim of a user written
+    in C that keeps the call's entry data itself (engine/fgraph_direct.h; C core only).
 
 A *claim* (a registration and its entry data) is the kernel's bit in the frame's bitmap plus its
 reserved data: "call this registration's return handler for this call, with this data". Claims
@@ -60,9 +62,10 @@ Rules
 
 Contract of the hot path (what the C twin must match)
 -----------------------------------------------------
-Reads: ``_table`` (``id(code) -> (entry_regs, graph_regs, flags, marker)``, replaced whole,
-never mutated), ``_max_depth``, ``_sweeping``. Writes: the current thread's ``ThreadState`` and
-``_parked``. Calls: handlers of the registrations it finds, ``time.perf_counter_ns`` (only when
+Reads: ``_table`` (``id(code) -> (entry_regs, graph_regs, flags, marker, direct)``, replaced
+whole, never mutated; ``direct`` is a direct entry or None, and this core ignores it),
+``_max_depth``, ``_sweeping``. Writes: the current thread's ``ThreadState`` and ``_parked``.
+Calls: handlers of the registrations it finds, ``clock.now_ns`` (only when
 ``flags & WANT_TIME``), ``sys._getframe`` (only when ``flags & WANT_FRAME``). Never returns
 ``sys.monitoring.DISABLE`` (so another tool's ``restart_events()`` changes nothing), never raises
 into the program except a ``KeyboardInterrupt``/``SystemExit`` from a handler, re-raised after
@@ -73,11 +76,12 @@ from __future__ import annotations
 
 import sys
 import threading
-import time
 import traceback
 from collections.abc import Callable
 from types import CodeType, FrameType
 from typing import Any
+
+from rethook.engine import clock
 
 # Record layout (see the module docstring).
 REC_KEY = 0
@@ -87,6 +91,7 @@ REC_TIME = 3
 REC_SLEEP = 4
 REC_PARKED_AT = 5
 REC_HEADER = 6
+DIRECT_LEN = 3  # a direct entry (code, reg, capsule): see the module docstring
 
 #: Dispatch-entry flags, computed per code object when the table is built.
 WANT_FRAME = 1  # some user of this code needs the frame (always for generators)
@@ -100,7 +105,7 @@ FLAG_CLOSED = 2  # a suspended generator/coroutine was closed or collected witho
 DEFAULT_MAX_DEPTH = 65536
 
 _getframe = sys._getframe
-_now = time.perf_counter_ns
+_now = clock.now_ns
 
 
 #: ``ThreadState.busy`` is false, True (1: in the core or a handler: sweeps wait for it to
@@ -265,8 +270,14 @@ class notrace:
 
 # --- delivery (shared by the exits and by the engine's teardown) ------------------------------
 def deliver(rec: list | tuple, depth: int, retval: Any, exc: BaseException | None, t: int,
-            flags: int) -> None:
-    """Pop every claim off a record (newest first) and call each return handler once."""
+            flags: int, ts: ThreadState | None = None) -> None:
+    """Pop every claim off a record (newest first) and call each return handler once.
+
+    ``ts`` is the thread the call ran in (default: the calling thread's), for direct entries.
+    """
+    if len(rec) == DIRECT_LEN:
+        _deliver_direct(rec, depth, retval, exc, t, flags, ts or _local.ts)
+        return
     if len(rec) <= REC_HEADER:
         return  # a marker, or a record whose claims were all swept
     code = rec[REC_CODE]
@@ -295,6 +306,20 @@ def deliver(rec: list | tuple, depth: int, retval: Any, exc: BaseException | Non
         inflight.pop()
     if pending is not None:
         raise pending
+
+
+def _deliver_direct(entry: tuple, depth: int, retval: Any, exc: BaseException | None, t: int,
+                    flags: int, ts: ThreadState) -> None:
+    """A direct entry's return, delivered from Python: its user's retfunc with the call's
+    ThreadState as entry data (engine/fgraph_direct.h)."""
+    code, reg, _ = entry
+    fn = reg.retfunc
+    if fn is None:
+        return
+    try:
+        fn(code, None, depth, ts, retval, exc, 0, t, 0, flags)
+    except Exception as e:
+        handler_failed(reg, e)
 
 
 def _inflight() -> list:
@@ -380,7 +405,7 @@ def _on_start(code: CodeType, offset: int) -> None:
         if _sweeping:
             _wait_sweep(ts)
         try:
-            entry_regs, graph, flags, marker = _table[id(code)]
+            entry_regs, graph, flags, marker, _direct = _table[id(code)]
         except KeyError:  # not (or no longer) hooked
             return
         frame = _getframe(1) if flags & WANT_FRAME else None
@@ -637,7 +662,7 @@ def flush_thread(ts: ThreadState) -> None:
     try:
         while stack:
             rec = stack.pop()
-            deliver(rec, len(stack), None, None, t, FLAG_UNFINISHED)
+            deliver(rec, len(stack), None, None, t, FLAG_UNFINISHED, ts)
     except Exception as e:  # a bug of rethook's: never the program's problem
         internal_error(e)
     finally:
@@ -649,6 +674,8 @@ class PyCore:
     """The pure-Python core behind the small interface every core implements."""
 
     name = "python"
+    #: whether the core calls users' direct hooks (engine/fgraph_direct.h); this one does not
+    direct_calls = False
 
     LOCAL_CALL_EVENTS = sys.monitoring.events.PY_START
     LOCAL_RETURN_EVENTS = (

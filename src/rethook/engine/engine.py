@@ -31,10 +31,11 @@ from collections.abc import Callable, Iterable
 from types import CodeType, FrameType
 from typing import Any
 
+from rethook.engine import clock, toolid
 from rethook.engine import core as _core
-from rethook.engine import toolid
 from rethook.engine.core import (
     DEFAULT_MAX_DEPTH,
+    DIRECT_LEN,
     FLAG_CLOSED,
     FLAG_UNFINISHED,
     GENERATOR,
@@ -155,10 +156,15 @@ class FgraphOps(_Ops):
 
     A user that needs no frame or no timestamps sets ``wants_frame``/``wants_time`` to
     ``False``; functions whose users all say so skip that work (handlers then get ``None``/0).
+
+    A user written in C may also set ``direct`` to a capsule of C hooks that the C core calls
+    without making Python objects, on plain functions where it is the only user
+    (engine/fgraph_direct.h states the contract).
     """
 
     wants_frame = True
     wants_time = True
+    direct: Any = None
 
     def __init__(self, entryfunc: Callable[..., Any] | None = None,
                  retfunc: Callable[..., Any] | None = None, *,
@@ -431,7 +437,11 @@ class Engine:
                 flags |= WANT_TIME
             marker = (code,) if graph and not flags & GENERATOR else None
             mask = core.LOCAL_CALL_EVENTS | (core.LOCAL_RETURN_EVENTS if graph else 0)
-            dispatch = (entry, graph, flags, marker)
+            direct = None
+            if (core.direct_calls and not entry and len(graph) == 1 and marker is not None
+                    and not flags & WANT_FRAME and graph[0].ops.direct is not None):
+                direct = (code, graph[0], graph[0].ops.direct)
+            dispatch = (entry, graph, flags, marker, direct)
             out[key] = (code, mask, interned.setdefault(dispatch, dispatch))
         return out
 
@@ -441,8 +451,8 @@ class Engine:
         calls' exits stay matched (core rule 2)."""
         entry = dispatch[0] if dispatch else ()
         if code.co_flags & SUSPENDING:
-            return (entry, (), GENERATOR | WANT_FRAME, None)
-        return (entry, (), WANT_FRAME if entry else 0, (code,))
+            return (entry, (), GENERATOR | WANT_FRAME, None, None)
+        return (entry, (), WANT_FRAME if entry else 0, (code,), None)
 
     def _publish(self, table: dict[int, tuple]) -> None:
         self._table = table
@@ -521,22 +531,28 @@ class Engine:
         """Take retired claims off every entry; return ids of codes with open entries."""
         core = self.core
         gone = set(map(id, retired))
-        todo: list[tuple[list, int, _core.Registration, Any]] = []
+        todo: list[tuple[Any, int, _core.Registration, Any]] = []
         open_codes: set[int] = set()
         me = core.current_thread_state()
         with core.sweep_lock():
             core.set_sweeping(True)
             try:
                 self._quiesce()
-                entries: list[tuple[Any, int]] = []
+                entries: list[tuple[Any, int, Any]] = []
                 for ts in core.thread_states():
-                    entries.extend((rec, d) for d, rec in enumerate(list(ts.stack)))
+                    entries.extend((rec, d, ts) for d, rec in enumerate(list(ts.stack)))
                 if me is not None:  # records this thread is delivering right now
-                    entries.extend((rec, 0) for rec in me.inflight)
-                entries.extend((rec, 0) for rec in list(core.parked().values()))
-                for rec, depth in entries:
+                    entries.extend((rec, 0, me) for rec in me.inflight)
+                entries.extend((rec, 0, None) for rec in list(core.parked().values()))
+                for rec, depth, ts in entries:
                     if len(rec) == 1:  # a marker (code,)
                         open_codes.add(id(rec[0]))
+                        continue
+                    if len(rec) == DIRECT_LEN:  # (code, reg, capsule): its data is the user's
+                        open_codes.add(id(rec[0]))
+                        if everything or id(rec[1]) in gone:
+                            todo.append((rec, depth, rec[1], ts))  # data: the call's thread
+                            ts.stack[depth] = (rec[0],)  # the claim goes; the exit stays matched
                         continue
                     # a record: its key is the frame for generators, so name the code
                     open_codes.add(id(rec[REC_CODE]))
@@ -559,12 +575,12 @@ class Engine:
             self._quiesce()  # deliveries other threads had already begun are over too
         return open_codes
 
-    def _deliver_unfinished(self, todo: list[tuple[list, int, _core.Registration, Any]]) -> None:
+    def _deliver_unfinished(self, todo: list[tuple[Any, int, _core.Registration, Any]]) -> None:
         me = self.core.current_thread_state()
         was_busy = me.busy if me is not None else False
         if me is not None:
             me.busy = True
-        t = time.perf_counter_ns()
+        t = clock.now_ns()
         try:
             # Newest first, so each user sees its unfinished returns in reverse entry order.
             for rec, depth, reg, data in reversed(todo):
@@ -573,8 +589,11 @@ class Engine:
                     continue
                 self._unfinished_deliveries += 1
                 try:
-                    fn(rec[REC_CODE], rec[REC_FRAME], depth, data, None, None,
-                       rec[REC_TIME], t if rec[REC_TIME] else 0, rec[REC_SLEEP], FLAG_UNFINISHED)
+                    if len(rec) == DIRECT_LEN:  # a direct entry: the user keeps t0 and sleep
+                        fn(rec[0], None, depth, data, None, None, 0, t, 0, FLAG_UNFINISHED)
+                    else:
+                        fn(rec[REC_CODE], rec[REC_FRAME], depth, data, None, None, rec[REC_TIME],
+                           t if rec[REC_TIME] else 0, rec[REC_SLEEP], FLAG_UNFINISHED)
                 except Exception as e:
                     self.core.handler_failed(reg, e)
         finally:
@@ -640,7 +659,7 @@ class Engine:
         """Hooked code objects with their numbers of entry and graph users."""
         out = []
         for key, (code, _) in self._events.items():
-            entry, graph, _, _ = self._table.get(key, ((), (), 0, None))
+            entry, graph = self._table.get(key, ((), ()))[:2]
             out.append((self.registry.info(code), len(entry), len(graph)))
         out.sort(key=lambda t: t[0].name)
         return out

@@ -46,6 +46,7 @@ if _ccore is not None:
 
         name = "c"
         note = "C core (rethook.engine._ccore)"
+        direct_calls = True
 
         _CALLBACKS = (
             ("PY_START", _ccore.on_start), ("PY_RETURN", _ccore.on_return),

@@ -41,12 +41,13 @@ import re
 import reprlib
 import sys
 import threading
-import time
 import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from types import CodeType, FrameType
 from typing import Any
+
+from rethook.engine import clock
 
 __all__ = [
     "DEFAULT_TYPE",
@@ -105,7 +106,7 @@ class ProbeSyntaxError(ValueError):
     rebuilds it), ``position`` the 0-based column of the mistake in it (it may be one past the
     end, when something is missing), ``location`` the subsystem (``trace_kprobe``,
     ``trace_fprobe``, ``dynamic_events``), ``timestamp_ns`` when it was raised
-    (``time.perf_counter_ns``, the trace clock).
+    (``rethook.engine.clock.now_ns``, the trace clock).
     """
 
     def __init__(self, message: str, text: str, position: int, *,
@@ -115,7 +116,7 @@ class ProbeSyntaxError(ValueError):
         self.text = text
         self.position = position
         self.location = location
-        self.timestamp_ns = time.perf_counter_ns() if timestamp_ns is None else timestamp_ns
+        self.timestamp_ns = clock.now_ns() if timestamp_ns is None else timestamp_ns
 
     @property
     def command(self) -> str:

@@ -32,7 +32,10 @@
 #include <stdint.h>
 #include <time.h>
 
+#include "clock.h"
+
 #include "cring.h"
+#include "fgraph_direct.h"
 
 #ifdef Py_GIL_DISABLED
 #error "rethook's native users rely on the GIL"
@@ -54,13 +57,12 @@ enum { CALL_RECORD = 0, CALL_NOTRACE = 1, CALL_ROOT = 2 };
 
 static PyTypeObject *Ring_t; /* rethook.buffer._cring.Ring, from its capsule */
 
-static inline int64_t
+static const rh_clock *trace_clock; /* _clock's calibration, or NULL: CLOCK_MONOTONIC */
+
+static inline long long
 now_ns(void)
 {
-    /* time.perf_counter_ns() on Linux: the engine's clock. */
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (int64_t)t.tv_sec * 1000000000LL + (int64_t)t.tv_nsec;
+    return rh_clock_ns(trace_clock); /* the trace clock (clock.h), shared with Python */
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -160,6 +162,14 @@ rows_free(RowTable *t)
 
 typedef struct NCall NCall;
 
+/* A function_graph call claimed through the direct entry: the entry data NCall holds
+ * otherwise, kept on the thread's own stack (returns come newest first on a thread). */
+typedef struct {
+    int64_t t0;
+    long d;
+    int kind;
+} DCall;
+
 typedef struct TState {
     struct TState *next;   /* every state of the user, for teardown and reading */
     PyThreadState *tstate; /* the thread's PyThreadState (only compared, never used) */
@@ -169,6 +179,9 @@ typedef struct TState {
     long depth;            /* graph: calls this user is recording, open on this thread */
     long graph;            /* graph: open set_graph_function roots */
     long notrace;          /* graph: open set_graph_notrace functions */
+    unsigned long ident;   /* threading.get_ident() of the thread (ThreadState.tid) */
+    DCall *dstack;         /* graph: calls claimed through direct entry (fgraph_direct.h) */
+    Py_ssize_t ndstack, capdstack;
     RowTable rows;         /* profiler */
     NCall **stack;         /* profiler: this user's open calls on this thread (borrowed) */
     Py_ssize_t nstack, capstack;
@@ -194,6 +207,7 @@ typedef struct {
     int graph_time;       /* profiler: time includes children */
     int exit_raised;      /* flag bit an exit record gets when the call raised */
     TState *states;
+    rh_direct direct;      /* the hooks ops.direct's capsule points at (fgraph_direct.h) */
     TCache cache[TS_CACHE];
     PyObject *weakreflist;
 } NUser;
@@ -337,6 +351,7 @@ tstate_slow(NUser *u, PyThreadState *ts, TCache *e)
         st->tstate = ts;
         st->tstate_id = ts->id;
         st->tid = PyThread_get_thread_native_id();
+        st->ident = PyThread_get_thread_ident();
         st->ring = ring;
         st->next = u->states;
         u->states = st;
@@ -348,13 +363,18 @@ tstate_slow(NUser *u, PyThreadState *ts, TCache *e)
 }
 
 static inline TState *
-tstate_of(NUser *u)
+tstate_in(NUser *u, PyThreadState *ts)
 {
-    PyThreadState *ts = current_tstate();
     TCache *e = &u->cache[hash_ptr(ts) & (TS_CACHE - 1)];
     if (e->tstate == ts && e->id == ts->id)
         return e->st;
     return tstate_slow(u, ts, e);
+}
+
+static inline TState *
+tstate_of(NUser *u)
+{
+    return tstate_in(u, current_tstate());
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -468,6 +488,49 @@ NUser_func(NUser *u, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
+/* Whether function_graph records a call on this thread (function_graph.py's entryfunc
+ * checks): -1 error, 0 declined, 1 taken with *kind set. A set_graph_notrace function is
+ * taken with CALL_NOTRACE: its exit must undo the nesting it starts. */
+static int
+graph_admit(NUser *u, TState *st, PyObject *code, int *kind)
+{
+    if (st->notrace)
+        return 0;
+    *kind = CALL_RECORD;
+    if (u->skip != NULL) {
+        int r = in_selection(u->skip, code);
+        if (r != 0) {
+            *kind = CALL_NOTRACE;
+            return r;
+        }
+    }
+    if (u->roots != NULL && !st->graph) {
+        int r = in_selection(u->roots, code);
+        if (r <= 0)
+            return r;
+        *kind = CALL_ROOT;
+    }
+    if (u->max_depth && st->depth >= u->max_depth)
+        return 0;
+    return 1;
+}
+
+/* A taken call enters the graph at depth *d: the nesting counters and its entry record. */
+static inline void
+graph_enter(NUser *u, TState *st, PyObject *code, int64_t t, int kind, long *d)
+{
+    if (kind == CALL_NOTRACE) {
+        st->notrace++;
+        return;
+    }
+    *d = st->depth;
+    if (kind == CALL_ROOT)
+        st->graph++;
+    st->depth = *d + 1;
+    if (!u->thresh)
+        put(st->ring, RH_FUNCGRAPH_ENTRY, t, code, *d);
+}
+
 /* function_graph: entryfunc(code, frame, depth, t) -> NCall or None */
 static PyObject *
 graph_entry(NUser *u, PyObject *const *args, Py_ssize_t nargs)
@@ -478,63 +541,162 @@ graph_entry(NUser *u, PyObject *const *args, Py_ssize_t nargs)
     TState *st = tstate_of(u);
     if (st == NULL)
         return NULL;
-    if (st->notrace)
-        Py_RETURN_NONE;
-    int kind = CALL_RECORD;
-    if (u->skip != NULL) {
-        int r = in_selection(u->skip, code);
-        if (r < 0)
-            return NULL;
-        if (r) {
-            NCall *c = ncall_new(u, st);
-            if (c == NULL)
-                return NULL;
-            c->kind = CALL_NOTRACE;
-            st->notrace++;
-            return (PyObject *)c;
-        }
-    }
-    if (u->roots != NULL && !st->graph) {
-        int r = in_selection(u->roots, code);
-        if (r <= 0) {
-            if (r < 0)
-                return NULL;
-            Py_RETURN_NONE;
-        }
-        kind = CALL_ROOT;
-    }
-    long d = st->depth;
-    if (u->max_depth && d >= u->max_depth)
-        Py_RETURN_NONE;
+    int kind;
+    int r = graph_admit(u, st, code, &kind);
+    if (r <= 0)
+        return r < 0 ? NULL : Py_NewRef(Py_None);
     int64_t t;
     if (as_i64(args[3], &t) < 0)
         return NULL;
     NCall *c = ncall_new(u, st);
     if (c == NULL)
         return NULL;
-    c->d = d;
     c->kind = kind;
-    if (kind == CALL_ROOT)
-        st->graph++;
-    st->depth = d + 1;
-    if (!u->thresh)
-        put(st->ring, RH_FUNCGRAPH_ENTRY, t, code, d);
+    graph_enter(u, st, code, t, kind, &c->d);
     return (PyObject *)c;
 }
 
 /* A graph call leaves its thread (returns or suspends): undo what its entry did to the
  * nesting counters. 1 for a set_graph_notrace call, which records nothing. */
 static inline int
-graph_leave(TState *st, NCall *c)
+graph_leave(TState *st, int kind, long d)
 {
-    if (c->kind == CALL_NOTRACE) {
+    if (kind == CALL_NOTRACE) {
         st->notrace--;
         return 1;
     }
-    st->depth = c->d;
-    if (c->kind == CALL_ROOT)
+    st->depth = d;
+    if (kind == CALL_ROOT)
         st->graph--;
     return 0;
+}
+
+/* The exit record of a call that entered at depth d (tracing_thresh, funcgraph-overrun). */
+static int
+graph_exit_record(NUser *u, TState *st, PyObject *code, long d, int64_t t0, int64_t t1,
+                  int64_t sleep, long flags, int raised)
+{
+    int64_t duration = u->sleep_time ? t1 - t0 : t1 - t0 - sleep;
+    if (u->thresh && duration <= u->thresh)
+        return 0;
+    if (raised)
+        flags |= u->exit_raised;
+    long overrun = 0;
+    if (u->overrun_of != NULL) {
+        PyObject *o = PyObject_CallNoArgs(u->overrun_of);
+        if (o == NULL)
+            return -1;
+        overrun = PyLong_AsLong(o);
+        Py_DECREF(o);
+        if (overrun == -1 && PyErr_Occurred())
+            return -1;
+    }
+    /* A return delivered from another thread (teardown) still goes into the call's thread's
+     * ring: rings are written under the GIL, by any thread. */
+    rh_stale stale;
+    rh_rec *rec = rh_ring_reserve(st->ring, &stale);
+    if (rec == NULL)
+        return 0;
+    rec->ts = t1;
+    rec->code = Py_NewRef(code);
+    rec->parent = NULL;
+    rec->calltime = t1 - duration;
+    rec->sleep = sleep;
+    rec->type = RH_FUNCGRAPH_EXIT;
+    rec->depth = (int32_t)d;
+    rec->flags = (int32_t)flags;
+    rec->overrun = (int32_t)overrun;
+    rh_ring_done(&stale);
+    return 0;
+}
+
+/* ---- the direct entry (fgraph_direct.h): no NCall, no Python objects per call ---------- */
+
+static int
+dstack_push(TState *st, DCall c)
+{
+    if (st->ndstack == st->capdstack) {
+        Py_ssize_t cap = st->capdstack ? st->capdstack * 2 : 64;
+        DCall *s = PyMem_Realloc(st->dstack, (size_t)cap * sizeof(DCall));
+        if (s == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        st->dstack = s;
+        st->capdstack = cap;
+    }
+    st->dstack[st->ndstack++] = c;
+    return 0;
+}
+
+static int
+direct_entry(void *self, PyThreadState *tstate, PyObject *code, int64_t t)
+{
+    NUser *u = self;
+    TState *st = tstate_in(u, tstate);
+    if (st == NULL)
+        return -1;
+    DCall c = {t, 0, CALL_RECORD};
+    int r = graph_admit(u, st, code, &c.kind);
+    if (r <= 0)
+        return r;
+    if (dstack_push(st, c) < 0)
+        return -1;
+    graph_enter(u, st, code, t, c.kind, &st->dstack[st->ndstack - 1].d);
+    return 1;
+}
+
+/* The newest direct call of thread st leaves (returns, raises, or is delivered unfinished). */
+static int
+direct_leave(NUser *u, TState *st, PyObject *code, int64_t t, int raised, long flags)
+{
+    if (st->ndstack == 0) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "rethook: a direct exit without a direct entry on this thread");
+        return -1;
+    }
+    DCall c = st->dstack[--st->ndstack];
+    if (graph_leave(st, c.kind, c.d))
+        return 0;
+    return graph_exit_record(u, st, code, c.d, c.t0, t, 0, flags, raised);
+}
+
+static int
+direct_exit(void *self, PyThreadState *tstate, PyObject *code, int64_t t, PyObject *exc,
+            long flags)
+{
+    NUser *u = self;
+    TState *st = tstate_in(u, tstate);
+    if (st == NULL)
+        return -1;
+    return direct_leave(u, st, code, t, exc != NULL && exc != Py_None, flags);
+}
+
+/* A direct claim delivered from Python (teardown): its entry data is the ThreadState of the
+ * call's thread, whose tid is that thread's threading.get_ident(). */
+static PyObject *
+direct_unfinished(NUser *u, PyObject *const *args)
+{
+    PyObject *tid_obj = PyObject_GetAttrString(args[3], "tid");
+    if (tid_obj == NULL)
+        return NULL;
+    unsigned long ident = PyLong_AsUnsignedLong(tid_obj);
+    Py_DECREF(tid_obj);
+    if (ident == (unsigned long)-1 && PyErr_Occurred())
+        return NULL;
+    int64_t t, flags;
+    if (as_i64(args[7], &t) < 0 || as_i64(args[9], &flags) < 0)
+        return NULL;
+    TState *st = u->states;
+    while (st != NULL && st->ident != ident)
+        st = st->next;
+    if (st == NULL) {
+        PyErr_Format(PyExc_RuntimeError, "rethook: no direct calls of thread %lu", ident);
+        return NULL;
+    }
+    if (direct_leave(u, st, args[0], t, args[5] != Py_None, flags) < 0)
+        return NULL;
+    Py_RETURN_NONE;
 }
 
 /* function_graph: retfunc(code, frame, depth, data, retval, exc, t0, t1, sleep, flags) */
@@ -543,47 +705,20 @@ graph_return(NUser *u, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 10 && bad_args("retfunc", nargs, 10))
         return NULL;
+    if (!Py_IS_TYPE(args[3], &NCall_Type))
+        return direct_unfinished(u, args);
     NCall *c = as_call(u, args[3]);
     if (c == NULL)
         return NULL;
     TState *st = c->st;
-    if (graph_leave(st, c))
+    if (graph_leave(st, c->kind, c->d))
         Py_RETURN_NONE;
     int64_t t0, t1, sleep, flags;
     if (as_i64(args[6], &t0) < 0 || as_i64(args[7], &t1) < 0 || as_i64(args[8], &sleep) < 0
         || as_i64(args[9], &flags) < 0)
         return NULL;
-    int64_t duration = u->sleep_time ? t1 - t0 : t1 - t0 - sleep;
-    if (u->thresh && duration <= u->thresh)
-        Py_RETURN_NONE;
-    if (args[5] != Py_None)
-        flags |= u->exit_raised;
-    long overrun = 0;
-    if (u->overrun_of != NULL) {
-        PyObject *o = PyObject_CallNoArgs(u->overrun_of);
-        if (o == NULL)
-            return NULL;
-        overrun = PyLong_AsLong(o);
-        Py_DECREF(o);
-        if (overrun == -1 && PyErr_Occurred())
-            return NULL;
-    }
-    /* A return delivered from another thread (teardown) still goes into the call's thread's
-     * ring: rings are written under the GIL, by any thread. */
-    rh_stale stale;
-    rh_rec *rec = rh_ring_reserve(st->ring, &stale);
-    if (rec == NULL)
-        Py_RETURN_NONE;
-    rec->ts = t1;
-    rec->code = Py_NewRef(args[0]);
-    rec->parent = NULL;
-    rec->calltime = t1 - duration;
-    rec->sleep = sleep;
-    rec->type = RH_FUNCGRAPH_EXIT;
-    rec->depth = (int32_t)c->d;
-    rec->flags = (int32_t)flags;
-    rec->overrun = (int32_t)overrun;
-    rh_ring_done(&stale);
+    if (graph_exit_record(u, st, args[0], c->d, t0, t1, sleep, flags, args[5] != Py_None) < 0)
+        return NULL;
     Py_RETURN_NONE;
 }
 
@@ -597,7 +732,7 @@ graph_suspend(NUser *u, PyObject *const *args, Py_ssize_t nargs)
     if (c == NULL)
         return NULL;
     TState *st = c->st;
-    if (graph_leave(st, c))
+    if (graph_leave(st, c->kind, c->d))
         Py_RETURN_NONE;
     int64_t t;
     if (as_i64(args[4], &t) < 0)
@@ -819,6 +954,7 @@ NUser_dealloc(NUser *u)
         Py_XDECREF(st->ring);
         rows_free(&st->rows);
         PyMem_Free(st->stack); /* empty: every NCall holds its user */
+        PyMem_Free(st->dstack);
         PyMem_Free(st);
         st = next;
     }
@@ -921,7 +1057,25 @@ NUser_threads(NUser *u, PyObject *Py_UNUSED(ignored))
     return out;
 }
 
+/* direct() -> capsule or None: the direct entry of a function_graph user (fgraph_direct.h).
+ * None for the other kinds, and with funcgraph-overrun, whose count is read through Python. */
+static PyObject *
+NUser_direct(NUser *u, PyObject *Py_UNUSED(ignored))
+{
+    if (u->kind != KIND_GRAPH || u->overrun_of != NULL)
+        Py_RETURN_NONE;
+    u->direct.self = u;
+    u->direct.entry = direct_entry;
+    u->direct.exit = direct_exit;
+    /* No reference to the user: a capsule is invisible to the GC, so one would make the
+     * cycle user -> buffer -> ... -> ops -> capsule -> user uncollectable. The ops object that
+     * holds the capsule holds the user too (fgraph_direct.h). */
+    return PyCapsule_New(&u->direct, RH_DIRECT_CAPSULE, NULL);
+}
+
 static PyMethodDef NUser_methods[] = {
+    {"direct", (PyCFunction)NUser_direct, METH_NOARGS,
+     "direct() -> capsule or None: C hooks the C core calls directly (fgraph_direct.h)."},
     {"handler", (PyCFunction)NUser_handler_method, METH_O,
      "handler(name): the bound C handler ('entryfunc', 'retfunc', 'suspendfunc', "
      "'resumefunc', or 'func' for the function user)."},
@@ -969,6 +1123,7 @@ PyInit__native(void)
     if (api == NULL)
         return NULL;
     Ring_t = api->ring_type;
+    trace_clock = rh_clock_import();
     if (PyType_Ready(&NCall_Type) < 0 || PyType_Ready(&NUser_Type) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&native_module);

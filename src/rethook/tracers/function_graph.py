@@ -185,6 +185,7 @@ class NativeGraphOps(GraphOps):
                            sleep_time=self.sleep_time, exit_raised=EXIT_RAISED,
                            overrun_of=self._overruns if self.overrun else None)
         install_handlers(self, user, GRAPH_HANDLERS)
+        self.direct = user.direct()  # the C core calls it directly where it is alone
 
 
 class FunctionGraphTracer(OpsTracer):

@@ -1,0 +1,82 @@
+/* clock.h: the trace clock of rethook's C code, the twin of rethook/engine/clock.py.
+ *
+ * Every timestamp of a trace comes from one clock: CLOCK_MONOTONIC nanoseconds (what
+ * time.perf_counter_ns() returns on Linux), so events of all threads, from C and from Python,
+ * merge in the order they happened. Reading it costs ~19 ns through the vDSO here; the hot
+ * path reads it twice per call. Where the kernel itself keeps time with the TSC (its
+ * clocksource is "tsc": the counter is invariant and in step on every CPU), the C code reads
+ * the TSC (~8 ns) and scales it onto CLOCK_MONOTONIC:
+ *
+ *     ns = ns0 + ((tsc - tsc0) * mult) >> RH_CLOCK_SHIFT
+ *
+ * with (tsc0, ns0) one reading of both taken together and mult measured against
+ * CLOCK_MONOTONIC over RH_CLOCK_CALIBRATE_NS when _clock is imported (error a few ppm: a few
+ * microseconds per second of trace against the system clock; durations are off by as much).
+ * rethook.engine._clock owns the one calibration; _ccore and _native read it through the
+ * capsule RH_CLOCK_CAPSULE, and Python reads it with _clock.now(). Without _clock, everything
+ * reads CLOCK_MONOTONIC directly, which is the same clock.
+ */
+#ifndef RETHOOK_CLOCK_H
+#define RETHOOK_CLOCK_H
+
+#include <Python.h>
+#include <stdint.h>
+#include <time.h>
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <x86intrin.h>
+#define RH_HAVE_TSC 1
+#else
+#define RH_HAVE_TSC 0
+#endif
+
+#define RH_CLOCK_CAPSULE "rethook.engine._clock._C_API"
+#define RH_CLOCK_SHIFT 32
+#define RH_CLOCK_CALIBRATE_NS 5000000 /* 5 ms */
+
+typedef struct {
+    int use_tsc;   /* 0: clock_gettime(CLOCK_MONOTONIC) */
+    uint64_t tsc0; /* a TSC reading ... */
+    int64_t ns0;   /* ... and CLOCK_MONOTONIC at the same moment */
+    uint64_t mult; /* ns per TSC tick << RH_CLOCK_SHIFT */
+} rh_clock;
+
+static inline int64_t
+rh_monotonic_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000LL + (int64_t)t.tv_nsec;
+}
+
+/* The trace clock; c may be NULL (CLOCK_MONOTONIC). */
+static inline int64_t
+rh_clock_ns(const rh_clock *c)
+{
+#if RH_HAVE_TSC
+    if (c != NULL && c->use_tsc) {
+        uint64_t d = __rdtsc() - c->tsc0;
+        return c->ns0 + (int64_t)(((unsigned __int128)d * c->mult) >> RH_CLOCK_SHIFT);
+    }
+#endif
+    (void)c;
+    return rh_monotonic_ns();
+}
+
+/* For _ccore and _native: _clock's calibration, or NULL (CLOCK_MONOTONIC) when it is not built,
+ * which is what rethook/engine/clock.py falls back to as well. */
+static inline const rh_clock *
+rh_clock_import(void)
+{
+    PyObject *m = PyImport_ImportModule("rethook.engine._clock");
+    if (m == NULL) {
+        PyErr_Clear();
+        return NULL;
+    }
+    Py_DECREF(m);
+    const rh_clock *c = PyCapsule_Import(RH_CLOCK_CAPSULE, 0);
+    if (c == NULL)
+        PyErr_Clear();
+    return c;
+}
+
+#endif
