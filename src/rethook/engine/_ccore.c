@@ -516,9 +516,8 @@ current_ts_slow(PyThreadState *tstate, int create)
 }
 
 static inline PyObject *
-current_ts(int create)
+current_ts_in(PyThreadState *tstate, int create)
 {
-    PyThreadState *tstate = current_tstate();
     if (tstate == NULL)
         return NULL;
     TSCacheEntry *e = ts_entry(tstate);
@@ -616,7 +615,8 @@ static PyObject *last_capsule;      /* strong: the capsule last_direct came from
 static const rh_direct *last_direct; /* (PyCapsule_GetPointer compares names with strcmp) */
 
 static void
-direct_exit(PyObject *entry, PyObject *exc, long flags, long long t, PyObject **pending)
+direct_exit(PyObject *entry, PyObject *exc, long flags, long long t, PyThreadState *tstate,
+            PyObject **pending)
 {
     PyObject *capsule = PyTuple_GET_ITEM(entry, 2);
     const rh_direct *d = last_direct;
@@ -629,7 +629,7 @@ direct_exit(PyObject *entry, PyObject *exc, long flags, long long t, PyObject **
         Py_XSETREF(last_capsule, Py_NewRef(capsule));
         last_direct = d;
     }
-    if (d->exit(d->self, current_tstate(), PyTuple_GET_ITEM(entry, 0), t,
+    if (d->exit(d->self, tstate, PyTuple_GET_ITEM(entry, 0), t,
                 exc == Py_None ? NULL : exc, flags) < 0)
         handler_error(PyTuple_GET_ITEM(entry, 1), pending);
 }
@@ -644,7 +644,7 @@ deliver(PyObject *ts, PyObject *rec, PyObject *depth_obj, PyObject *retval, PyOb
         long long tn = PyLong_AsLongLong(t);
         if (tn == -1 && PyErr_Occurred())
             return -1;
-        direct_exit(rec, exc, flags, tn, pending);
+        direct_exit(rec, exc, flags, tn, current_tstate(), pending);
         return 0;
     }
     if (!PyList_Check(rec) || PyList_GET_SIZE(rec) <= REC_HEADER)
@@ -843,7 +843,8 @@ on_start(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
         Py_RETURN_NONE;
     PyObject *code = args[0];
     PyObject *pending = NULL;
-    PyObject *ts = current_ts(1);
+    PyThreadState *tstate = current_tstate();
+    PyObject *ts = current_ts_in(tstate, 1);
     if (ts == NULL) {
         stash_error(&pending);
         return finish(pending);
@@ -898,7 +899,7 @@ on_start(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
             push(stack, marker, &pending);
             goto done;
         }
-        int r = s->direct->entry(s->direct->self, current_tstate(), code, tn);
+        int r = s->direct->entry(s->direct->self, tstate, code, tn);
         if (r <= 0) { /* declined (or failed: counted as its handler's error) */
             if (r < 0)
                 handler_error(PyTuple_GET_ITEM(graph, 0), &pending);
@@ -978,9 +979,9 @@ done:
 
 /* Common start of the exit-side callbacks: the thread's state and stack, or nothing to do. */
 static inline PyObject *
-exit_state(PyObject **pending)
+exit_state(PyThreadState *tstate, PyObject **pending)
 {
-    PyObject *ts = current_ts(0);
+    PyObject *ts = current_ts_in(tstate, 0);
     if (ts == NULL) {
         if (PyErr_Occurred())
             stash_error(pending);
@@ -1003,7 +1004,8 @@ on_return(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
         Py_RETURN_NONE;
     PyObject *code = args[0], *retval = args[2];
     PyObject *pending = NULL;
-    PyObject *ts = exit_state(&pending);
+    PyThreadState *tstate = current_tstate();
+    PyObject *ts = exit_state(tstate, &pending);
     if (ts == NULL)
         return finish(pending);
     Py_INCREF(ts);
@@ -1033,7 +1035,7 @@ on_return(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
         }
     }
     if (is_direct(rec)) {
-        direct_exit(rec, NULL, 0, now_ns(), &pending);
+        direct_exit(rec, NULL, 0, now_ns(), tstate, &pending);
         goto done;
     }
     if (!(PyList_CheckExact(rec) || PyList_Check(rec)))
@@ -1103,7 +1105,8 @@ on_unwind(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
         Py_RETURN_NONE;
     PyObject *code = args[0], *exc = args[2];
     PyObject *pending = NULL;
-    PyObject *ts = exit_state(&pending);
+    PyThreadState *tstate = current_tstate();
+    PyObject *ts = exit_state(tstate, &pending);
     if (ts == NULL)
         return finish(pending);
     PyObject *stack = SLOT(ts, ts_stack);
@@ -1138,7 +1141,7 @@ on_unwind(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
         }
     }
     if (is_direct(rec)) {
-        direct_exit(rec, exc, 0, now_ns(), &pending);
+        direct_exit(rec, exc, 0, now_ns(), tstate, &pending);
     }
     else if (PyList_Check(rec) && PyList_GET_SIZE(rec) > REC_HEADER) { /* not a marker */
         int timed = PyList_GET_ITEM(rec, REC_TIME) == zero
@@ -1168,7 +1171,8 @@ on_yield(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     if (nargs < 1)
         Py_RETURN_NONE;
     PyObject *pending = NULL;
-    PyObject *ts = exit_state(&pending);
+    PyThreadState *tstate = current_tstate();
+    PyObject *ts = exit_state(tstate, &pending);
     if (ts == NULL)
         return finish(pending);
     Py_INCREF(ts);
@@ -1234,7 +1238,7 @@ on_resume(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     if (PyDict_GET_SIZE(parked) == 0)
         Py_RETURN_NONE;
     PyObject *pending = NULL;
-    PyObject *ts = current_ts(1);
+    PyObject *ts = current_ts_in(current_tstate(), 1);
     if (ts == NULL) {
         stash_error(&pending);
         return finish(pending);
