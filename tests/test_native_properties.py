@@ -10,13 +10,12 @@ timestamps and durations are normalised, and the program must run the same under
 
 import asyncio
 import gc
-import itertools
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 
 from propgen import programs
-from propgen.harness import E0, E1, Runner, _kept_helper, _quiet, load
+from propgen.harness import Runner, _quiet, bind, load
 from rethook.control import Tracefs
 from rethook.tracers import native
 from rethook.tracers.function_graph import GraphOps, NativeGraphOps
@@ -37,13 +36,7 @@ def traced_run(program, native_users: bool, graph_function: str = ""):
     keep: list = []
     tasks: list = []
     runner = Runner([], (), log, errors)  # no live steps: only the program runs
-    cids = itertools.count(1)
-    mod._LOG, mod._nc, mod._step, mod._over = log, cids.__next__, runner.step, runner.over
-    mod._KEEP, mod._kept = keep, _kept_helper(keep, log, cids.__next__)
-    mod._E0, mod._E1 = E0, E1
-    mod._sleep0 = lambda: asyncio.sleep(0)
-    mod._gather = asyncio.gather
-    mod._spawn = lambda coro: tasks.append(asyncio.ensure_future(coro))
+    cids = bind(mod, runner, log, keep, tasks)
     fs = Tracefs()
     gc_was = gc.isenabled()
     gc.disable()  # generators dropped while suspended go at the same point in both runs

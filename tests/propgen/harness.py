@@ -402,6 +402,23 @@ def load(program: Program) -> tuple[Any, str, str]:
     return mod, mod.__name__, source
 
 
+def bind(mod: Any, runner: Runner, log: list, keep: list, tasks: list) -> Any:
+    """Give a loaded program the helpers it calls; returns its call-id counter."""
+    cids = itertools.count(1)
+    mod._LOG = log
+    mod._nc = cids.__next__
+    mod._step = runner.step
+    mod._over = runner.over
+    mod._KEEP = keep
+    mod._kept = _kept_helper(keep, log, cids.__next__)
+    mod._E0 = E0
+    mod._E1 = E1
+    mod._sleep0 = lambda: asyncio.sleep(0)
+    mod._gather = asyncio.gather
+    mod._spawn = lambda coro: tasks.append(asyncio.ensure_future(coro))
+    return cids
+
+
 def run(program: Program, specs: list[UserSpec], actions: tuple[Action, ...]) -> Outcome:
     """Import the program, register the initial users, run it with the live steps, tear down.
 
@@ -427,18 +444,7 @@ def run(program: Program, specs: list[UserSpec], actions: tuple[Action, ...]) ->
         if ts is not None:
             ts.stack.clear()
         eng.core.parked().clear()
-    cids = itertools.count(1)
-    mod._LOG = log
-    mod._nc = cids.__next__
-    mod._step = runner.step
-    mod._over = runner.over
-    mod._KEEP = keep
-    mod._kept = _kept_helper(keep, log, cids.__next__)
-    mod._E0 = E0
-    mod._E1 = E1
-    mod._sleep0 = lambda: asyncio.sleep(0)
-    mod._gather = asyncio.gather
-    mod._spawn = lambda coro: tasks.append(asyncio.ensure_future(coro))
+    cids = bind(mod, runner, log, keep, tasks)
     out.stats_before = eng.stats()
     gc_was = gc.isenabled()
     gc.disable()
