@@ -470,3 +470,48 @@ def test_publish_rejects_a_malformed_direct_entry(on_c_core):
     with pytest.raises(TypeError, match="direct entry"):  # two users cannot share one
         _ccore.publish({id(code): ((), (reg, reg), 2, (code,), (code, reg, None))})
     _ccore.publish({})
+
+
+def test_calls_open_while_a_function_changes_between_direct_and_records(on_c_core):
+    """A kretprobe joins (the function's new calls get records, the open call keeps its
+    direct entry) and leaves again (a record's probe claim is swept, the native claim stays):
+    every call of the function is in the graph exactly once, the probe sees the calls made
+    while it was registered."""
+    from rethook.probes import Kretprobe
+    seen = []
+    rp = Kretprobe("programs.calls.block", handler=lambda ri, v: seen.append(v))
+    fs = Tracefs()
+    try:
+        fs.write("set_ftrace_filter", "programs.calls.block")
+        fs.write("current_tracer", "function_graph")
+        for step in ("join", "leave"):
+            started, release = threading.Event(), threading.Event()
+            t = threading.Thread(target=calls.block, args=(started, release))
+            t.start()
+            started.wait()
+            if step == "join":
+                assert _dispatch_of(fs, calls.block)[4] is not None  # t's call: direct
+                rp.register()
+                assert _dispatch_of(fs, calls.block)[4] is None
+            else:
+                rp.unregister()  # t's call has a record with both claims
+                assert _dispatch_of(fs, calls.block)[4] is not None
+            release.set()
+            t.join()
+            if step == "join":  # a call made while both are registered: a record
+                started, release = threading.Event(), threading.Event()
+                release.set()
+                calls.block(started, release)
+        fs.write("tracing_on", "0")
+        events = fs.ctx.buffer.snapshot()
+    finally:
+        if rp.registered:
+            rp.unregister()
+        fs.close()
+    entries = [e for e in events if e[0] == 2 and e[4] == "programs.calls.block"]
+    exits = [e for e in events if e[0] == 3 and e[4] == "programs.calls.block"]
+    assert len(entries) == len(exits) == 3
+    assert [e[8] & 1 for e in exits] == [0, 0, 0]  # all real returns, none unfinished
+    # the probe saw the calls that entered while it was registered: one returned, the other
+    # was still open when it left (delivered unfinished: no return value)
+    assert seen == ["released", None]
