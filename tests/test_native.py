@@ -515,3 +515,63 @@ def test_calls_open_while_a_function_changes_between_direct_and_records(on_c_cor
     # the probe saw the calls that entered while it was registered: one returned, the other
     # was still open when it left (delivered unfinished: no return value)
     assert seen == ["released", None]
+
+
+def test_threads_run_direct_calls_while_users_come_and_go(on_c_core):
+    """Four threads run recursive calls while the main thread unregisters and registers the
+    native graph user and a kretprobe on the same function, over and over: every thread's
+    graph stays balanced (each entry has one exit, returned or unfinished), nothing is
+    counted as an internal error, and the probe's entries and returns match."""
+    from rethook.probes import Kretprobe
+    stop = threading.Event()
+    errors = []
+
+    def work():
+        try:
+            for _ in range(400):  # ~27,000 calls: the ring never fills
+                calls.fib(8)
+                if stop.is_set():
+                    break
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    probe_hits = []
+    rp = Kretprobe("programs.calls.fib", handler=lambda ri, v: probe_hits.append(v))
+    fs = Tracefs()
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    try:
+        fs.write("buffer_size_kb", "65536")
+        fs.write("set_ftrace_filter", "programs.calls.fib")
+        fs.write("current_tracer", "function_graph")
+        ops, engine = fs.tracer.ops, fs.ctx.engine
+        internal_before = engine.stats()["internal_errors"]
+        for t in threads:
+            t.start()
+        for i in range(30):
+            if i % 2:
+                rp.register()
+            else:
+                engine.unregister_ftrace_graph(ops)
+                engine.register_ftrace_graph(ops)
+            if rp.registered:
+                rp.unregister()
+        for t in threads:
+            t.join()
+        fs.write("tracing_on", "0")
+        events = fs.ctx.buffer.snapshot()
+        internal_after = engine.stats()["internal_errors"]
+    finally:
+        stop.set()
+        if rp.registered:
+            rp.unregister()
+        fs.close()
+    assert errors == []
+    assert internal_after == internal_before
+    assert fs.ctx.buffer.totals().lost == 0
+    per_thread: dict[int, list[int]] = {}
+    for e in events:
+        if e[0] in (2, 3):
+            per_thread.setdefault(e[2], [0, 0])[e[0] - 2] += 1
+    assert len(per_thread) == 4
+    assert all(n_in == n_out > 0 for n_in, n_out in per_thread.values())
+    assert all(v is None or isinstance(v, int) for v in probe_hits)
