@@ -25,6 +25,10 @@
  *    from a _TSGuard stored in the same threading.local (core._local._ccore_guard): the guard
  *    owns a reference to the ThreadState and clears the entry when the thread's local dict
  *    goes away.
+ *  - Direct entries (fgraph_direct.h): where a function's one graph user is written in C and
+ *    offers hooks, on_start pushes the dispatch's shared (code, reg, capsule) tuple and calls
+ *    the hook with C values; the exits call its exit hook. No Python object per call.
+ *  - Timestamps come from the trace clock (clock.h), shared with Python through _clock.
  *
  * Every callback runs with the GIL held. Python handlers it calls may release it; the objects
  * the callback works on are held by strong references across every such call.
@@ -85,7 +89,7 @@ static PyObject *overflow_hook; /* None or NULL: no hook */
 static Py_ssize_t park_limit = 1024;
 
 /* ---------------------------------------------------------------------------------------- */
-/* The dispatch table: code address -> (entry_regs, graph_regs, flags, marker).              */
+/* The dispatch table: code address -> (entry_regs, graph_regs, flags, marker, direct).      */
 
 typedef struct {
     void *key;          /* the code object's address (the engine's id(code)); NULL: empty */
