@@ -13,6 +13,12 @@ Then the writer's per-event cost on a recorded function_graph trace (fib(25): en
 events alternating, what ``rethook record`` drains), with the C column encoder
 (rethook.buffer._tfenc) and with the pure-Python encoder, alternating, median of the runs.
 
+Last, the drain cost per native record: a ring of function_graph records (the native user,
+fib(22): ~115k records, under the default 8 MB of ``rethook record``) drained in one round
+into a trace file in memory, by the fused path (records encoded in C straight from the ring,
+TraceWriter.write_native) and by the tuple path (Ring.consume's event tuples, then
+write_events).
+
     python bench/bench_tracefile.py [--events N] [--repeat R]
 """
 
@@ -159,6 +165,46 @@ def encoder_ns(formats: FormatRegistry, items: list, repeat: int) -> tuple[float
     return statistics.median(results[False]), with_c
 
 
+def drain_ns(n: int, repeat: int) -> tuple[float, float, int] | None:
+    """Median ns per native record of one drain round of a function_graph trace of
+    workloads.fib(n) held in the thread's C ring (a ring's worth: the default 8 MB of
+    ``rethook record``), as the recorder drains it: the fused path (TracePipe.read_or_feed
+    into TraceWriter.write_native, the records encoded in C) and the tuple path
+    (TracePipe.read, then write_events), runs alternating. None without native users."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import workloads
+    from rethook.control import Tracefs
+
+    results: dict[bool, list[float]] = {True: [], False: []}
+    records = 0
+    for _ in range(repeat):
+        for fused in (True, False):
+            fs = Tracefs()
+            try:
+                fs.write("buffer_size_kb", "8192")
+                fs.write("set_ftrace_filter", "workloads.fib")
+                fs.write("current_tracer", "function_graph")
+                if getattr(fs.tracer.ops, "native", None) is None:
+                    return None  # the Python user: no ring
+                workloads.run_calls(n)
+                fs.write("tracing_on", "0")
+                ring = fs.ctx.buffer.local().native
+                records = ring.head - ring.floor
+                writer = TraceWriter(io.BytesIO(), formats=fs.ctx.formats)
+                pipe = fs.ctx.buffer.pipe()
+                if fused:
+                    writer.prepare_native(ring.capacity)  # as the recorder does
+                t0 = time.perf_counter()
+                if fused:
+                    assert pipe.read_or_feed(0, writer.write_native) is None
+                else:
+                    writer.write_events(pipe.read(0))
+                results[fused].append((time.perf_counter() - t0) / records * 1e9)
+            finally:
+                fs.close()
+    return statistics.median(results[True]), statistics.median(results[False]), records
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=1_000_000)
@@ -195,6 +241,17 @@ def main() -> int:
     else:
         print(f"  C encoder    {c_ns:6.0f} ns/event  ({python_ns / c_ns:.1f}x)")
         print(f"  pure Python  {python_ns:6.0f} ns/event")
+
+    drained = drain_ns(22, args.repeat)
+    if drained is None:
+        print("drain of native records: the native users are not running (C core and"
+              " extensions needed)")
+    else:
+        fused, tupled, records = drained
+        print(f"drain of a ring of {records} native records (function_graph of fib(22)),"
+              f" per record (median of {args.repeat}):")
+        print(f"  fused (write_native) {fused:6.1f} ns/record  ({tupled / fused:.1f}x)")
+        print(f"  tuple path           {tupled:6.1f} ns/record")
     return 0 if ok else 1
 
 

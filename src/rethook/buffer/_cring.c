@@ -6,6 +6,9 @@
  * rh_ring_reserve() of cring.h and find the type through the capsule _C_API; Python writes
  * through Ring.write(). rethook.buffer.ring attaches one ring to each thread's ThreadBuffer
  * and turns the raw records read here into the event tuples its readers merge (native.py).
+ * The capsule also exports Ring.consume() in pieces (take, take_in_place, untake, release,
+ * events: cring.h), for the trace file writer, which encodes records without event tuples
+ * (_tfenc.c's encode_ring).
  *
  * Everything runs under the GIL and nothing here takes a lock. What a method reads or changes
  * in the ring it does in one step that cannot run Python code (no object allocation, no
@@ -16,11 +19,13 @@
  * Invariant: exactly the records with sequence numbers in [floor, head) hold references;
  * every other slot is empty (rh_ring_reserve takes out what the slot it overwrites held,
  * released by rh_ring_done; consume, clear and resize move or release what leaves the
- * readable range).
+ * readable range). The one exception is the capsule's take_in_place(): its caller owns the
+ * references left in the slots it took and empties them before any Python code runs.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stddef.h>
+#include <string.h>
 #include <sys/mman.h>
 
 #include "cring.h"
@@ -39,12 +44,6 @@ static PyTypeObject Ring_Type;
 
 /* ---------------------------------------------------------------------------------------- */
 /* helpers                                                                                   */
-
-static inline rh_rec *
-slot(rh_ring *r, uint64_t seq)
-{
-    return &r->recs[seq % r->capacity];
-}
 
 /* Record arrays. A big one (a thread's 8 MB default, or buffer_size_kb) is mapped on its
  * own and, where the kernel does transparent huge pages on request, backed by 2 MB pages:
@@ -117,9 +116,37 @@ release_array(rh_rec *recs, uint64_t n)
         rh_rec_clear(&recs[i]);
 }
 
-/* Copy the readable records [floor, head) out, oldest first. take: move their references
- * (the ring slots are left empty); otherwise the copies get new references. Runs no Python
- * code. Returns NULL with MemoryError set (the ring unchanged) on failure; *n gets the count. */
+/* Copy the readable records [floor, head) into out (room for head - floor), oldest first.
+ * take: move their references (the ring slots are left empty); otherwise the copies get new
+ * references. Runs no Python code. Returns the count. */
+static uint64_t
+copy_into(rh_ring *r, int take, rh_rec *out)
+{
+    uint64_t count = r->head - r->floor;
+    /* at most two runs of slots: from floor's slot to the end of the array, then from its
+     * start (no division per record) */
+    uint64_t start = count ? r->floor % r->capacity : 0;
+    uint64_t first = count < r->capacity - start ? count : r->capacity - start;
+    memcpy(out, &r->recs[start], (size_t)first * sizeof(rh_rec));
+    memcpy(out + first, r->recs, (size_t)(count - first) * sizeof(rh_rec));
+    if (take) {
+        for (uint64_t i = 0, pos = start; i < count; i++) {
+            r->recs[pos].code = NULL;
+            r->recs[pos].parent = NULL;
+            pos = pos + 1 == r->capacity ? 0 : pos + 1;
+        }
+    }
+    else {
+        for (uint64_t i = 0; i < count; i++) {
+            Py_XINCREF(out[i].code);
+            Py_XINCREF(out[i].parent);
+        }
+    }
+    return count;
+}
+
+/* copy_into() a new array. Returns NULL with MemoryError set (the ring unchanged) on
+ * failure; *n gets the count. */
 static rh_rec *
 copy_out(rh_ring *r, int take, uint64_t *n)
 {
@@ -130,19 +157,7 @@ copy_out(rh_ring *r, int take, uint64_t *n)
         PyErr_NoMemory();
         return NULL;
     }
-    for (uint64_t i = 0; i < count; i++) {
-        rh_rec *s = slot(r, r->floor + i);
-        out[i] = *s;
-        if (take) {
-            s->code = NULL;
-            s->parent = NULL;
-        }
-        else {
-            Py_XINCREF(out[i].code);
-            Py_XINCREF(out[i].parent);
-        }
-    }
-    *n = count;
+    *n = copy_into(r, take, out);
     return out;
 }
 
@@ -467,35 +482,103 @@ ring_events(rh_ring *r, PyObject *args)
     return list;
 }
 
+/* The consuming read, in pieces (the capsule's take, untake and release: cring.h). */
+
+/* Account for a consuming read of the records just copied out into t->recs. */
+static void
+took(rh_ring *r, rh_taken *t, uint64_t n)
+{
+    t->n = n;
+    t->first = r->floor;
+    t->lost_before = r->floor - r->read_pos;
+    t->lost_after = r->refused_unreported;
+    t->clear_seq = r->clear_seq;
+    r->read_pos = r->floor = r->head;
+    r->consumed += n;
+    r->refused_unreported = 0;
+}
+
+/* Ring.consume()'s: into a new array (t->owned) */
+static int
+ring_take(rh_ring *r, rh_taken *t)
+{
+    uint64_t n;
+    rh_rec *recs = copy_out(r, 1, &n);
+    if (recs == NULL)
+        return -1;
+    t->recs = recs;
+    t->owned = 1;
+    took(r, t, n);
+    return 0;
+}
+
+/* the capsule's: into the caller's array */
+static int
+ring_take_into(rh_ring *r, rh_taken *t, rh_rec *buf, uint64_t room)
+{
+    if (r->head - r->floor > room) {
+        PyErr_SetString(PyExc_ValueError, "rethook: no room for the records of a ring");
+        return -1;
+    }
+    t->recs = buf;
+    t->owned = 0;
+    took(r, t, copy_into(r, 1, buf));
+    return 0;
+}
+
+/* the capsule's: the accounting alone, the records left in their slots (cring.h) */
+static void
+ring_take_in_place(rh_ring *r, rh_taken *t)
+{
+    t->recs = NULL;
+    t->owned = 0;
+    took(r, t, r->head - r->floor);
+}
+
+static void
+ring_untake(rh_ring *r, const rh_taken *t)
+{
+    /* The records left the ring but reach no reader. Count them as lost, and have the next
+     * consuming read report the whole batch as a gap (after its records: where they were is
+     * not known any more). Skipped if a clear intervened. */
+    if (r->clear_seq == t->clear_seq && r->consumed >= t->n) {
+        r->consumed -= t->n;
+        r->refused_unreported += t->lost_before + t->n + t->lost_after;
+    }
+}
+
+static void
+taken_release(rh_taken *t)
+{
+    rh_rec *recs = t->recs;
+    uint64_t n = t->n;
+    int owned = t->owned;
+    t->recs = NULL;
+    t->n = 0;
+    if (recs != NULL) {
+        release_array(recs, n);
+        if (owned)
+            PyMem_Free(recs);
+    }
+}
+
 static PyObject *
 ring_consume(rh_ring *r, PyObject *args)
 {
     PyObject *tid, *name_of;
     if (decode_args(args, &tid, &name_of) < 0)
         return NULL;
-    uint64_t lost_before = r->floor - r->read_pos, lost_after = r->refused_unreported;
-    uint64_t clear_seq = r->clear_seq, n;
-    rh_rec *taken = copy_out(r, 1, &n);
-    if (taken == NULL)
+    rh_taken t;
+    if (ring_take(r, &t) < 0)
         return NULL;
-    /* the read is done: from here on the ring may be written (or read) by code we run */
-    r->read_pos = r->floor = r->head;
-    r->consumed += n;
-    r->refused_unreported = 0;
-    PyObject *records = tid ? event_list(taken, n, tid, name_of) : rec_list(taken, n);
+    PyObject *records = tid ? event_list(t.recs, t.n, tid, name_of) : rec_list(t.recs, t.n);
     PyObject *result = NULL;
     if (records != NULL)
-        result = Py_BuildValue("(KNK)", (unsigned long long)lost_before, records,
-                               (unsigned long long)lost_after);
-    if (result == NULL && r->clear_seq == clear_seq && r->consumed >= n) {
-        /* Out of memory: the records left the ring but reach no reader. Count them as lost,
-         * and have the next consuming read report the whole batch as a gap (after its
-         * records: where they were is not known any more). Skipped if a clear intervened. */
-        r->consumed -= n;
-        r->refused_unreported += lost_before + n + lost_after;
-    }
-    release_array(taken, n);
-    PyMem_Free(taken);
+        result = Py_BuildValue("(KNK)", (unsigned long long)t.lost_before, records,
+                               (unsigned long long)t.lost_after);
+    if (result == NULL) /* out of memory, or name_of failed */
+        ring_untake(r, &t);
+    taken_release(&t);
     return result;
 }
 
@@ -671,7 +754,8 @@ static PyTypeObject Ring_Type = {
 /* ---------------------------------------------------------------------------------------- */
 /* module                                                                                    */
 
-static rh_cring_api cring_api = {&Ring_Type};
+static rh_cring_api cring_api = {&Ring_Type, ring_take_into, ring_take_in_place, ring_untake,
+                                  taken_release, event_list};
 
 static struct PyModuleDef moduledef = {
     PyModuleDef_HEAD_INIT,
@@ -691,7 +775,8 @@ PyInit__cring(void)
     PyObject *capsule = PyCapsule_New(&cring_api, RH_CRING_CAPSULE, NULL);
     if (capsule == NULL || PyModule_AddObjectRef(m, "_C_API", capsule) < 0 ||
         PyModule_AddObjectRef(m, "Ring", (PyObject *)&Ring_Type) < 0 ||
-        PyModule_AddIntConstant(m, "RECORD_BYTES", (long)sizeof(rh_rec)) < 0) {
+        PyModule_AddIntConstant(m, "RECORD_BYTES", (long)sizeof(rh_rec)) < 0 ||
+        PyModule_AddIntConstant(m, "_C_API_VERSION", RH_CRING_API_VERSION) < 0) {
         Py_XDECREF(capsule);
         Py_DECREF(m);
         return NULL;

@@ -28,11 +28,22 @@
  * Everything runs under the GIL. Between the first item read and the return no Python code
  * runs (only exact ints, bools, floats and strs are looked at, and the string table is a dict
  * of str keys), so the borrowed references to the events and their items stay valid.
+ *
+ * encode_ring() is the fused drain (TraceWriter.write_native): a native ring's records
+ * (cring.h) consumed and encoded into event chunks with no event tuple in between, the bytes
+ * the tuple path writes (Ring.consume(tid, name_of), then write_events). It names the records
+ * first (name_of is Python code, which may write the ring: it runs while the records are
+ * still the ring's), then takes them with Ring.consume()'s accounting but leaves them in
+ * their slots, and reads them there, batch by batch, into the same column arrays and
+ * write_ints() as encode_group(); no Python code runs until every record's references are
+ * out of the ring. See the section "The fused drain" below.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "cring.h" /* the native ring's records, for encode_ring() */
 
 #if PY_VERSION_HEX < 0x030C0000
 #error "rethook's C trace file encoder needs CPython 3.12 or newer"
@@ -589,9 +600,1043 @@ encode_ints(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_TRUE;
 }
 
+/* ---------------------------------------------------------------------------------------- */
+/* CRC-32 (zlib's), which never releases the GIL                                              */
+
+/* zlib.crc32() releases the GIL for buffers over 5 KB. The drain thread that writes a
+ * recording must not: a CPU-bound program holding the GIL then keeps it for a whole switch
+ * interval (5 ms), time in which it fills the ring the drain thread is emptying. Slice-by-16,
+ * byte order independent (bytes are assembled little-endian). */
+static uint32_t crc_table[16][256];
+static int crc_ready;
+
+static void
+crc_init(void)
+{
+    /* Deterministic data written once before use (a second interpreter importing the module
+     * at the same moment would write the same values). */
+    if (crc_ready)
+        return;
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++)
+            c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+        crc_table[0][i] = c;
+    }
+    for (int t = 1; t < 16; t++)
+        for (int i = 0; i < 256; i++)
+            crc_table[t][i] = (crc_table[t - 1][i] >> 8) ^ crc_table[0][crc_table[t - 1][i] & 0xFF];
+    crc_ready = 1;
+}
+
+static uint32_t
+crc32_update(uint32_t crc, const unsigned char *p, size_t n)
+{
+    const uint32_t (*T)[256] = (const uint32_t (*)[256])crc_table;
+    crc = ~crc;
+    while (n >= 16) {
+        uint32_t w0 = crc ^ ((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+                             (uint32_t)p[3] << 24);
+        uint32_t w1 = (uint32_t)p[4] | (uint32_t)p[5] << 8 | (uint32_t)p[6] << 16 |
+                      (uint32_t)p[7] << 24;
+        uint32_t w2 = (uint32_t)p[8] | (uint32_t)p[9] << 8 | (uint32_t)p[10] << 16 |
+                      (uint32_t)p[11] << 24;
+        uint32_t w3 = (uint32_t)p[12] | (uint32_t)p[13] << 8 | (uint32_t)p[14] << 16 |
+                      (uint32_t)p[15] << 24;
+        crc = T[15][w0 & 0xFF] ^ T[14][(w0 >> 8) & 0xFF] ^ T[13][(w0 >> 16) & 0xFF] ^
+              T[12][w0 >> 24] ^ T[11][w1 & 0xFF] ^ T[10][(w1 >> 8) & 0xFF] ^
+              T[9][(w1 >> 16) & 0xFF] ^ T[8][w1 >> 24] ^ T[7][w2 & 0xFF] ^
+              T[6][(w2 >> 8) & 0xFF] ^ T[5][(w2 >> 16) & 0xFF] ^ T[4][w2 >> 24] ^
+              T[3][w3 & 0xFF] ^ T[2][(w3 >> 8) & 0xFF] ^ T[1][(w3 >> 16) & 0xFF] ^
+              T[0][w3 >> 24];
+        p += 16;
+        n -= 16;
+    }
+    while (n >= 8) {
+        uint32_t lo = crc ^ ((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+                             (uint32_t)p[3] << 24);
+        uint32_t hi = (uint32_t)p[4] | (uint32_t)p[5] << 8 | (uint32_t)p[6] << 16 |
+                      (uint32_t)p[7] << 24;
+        crc = T[7][lo & 0xFF] ^ T[6][(lo >> 8) & 0xFF] ^ T[5][(lo >> 16) & 0xFF] ^
+              T[4][lo >> 24] ^ T[3][hi & 0xFF] ^ T[2][(hi >> 8) & 0xFF] ^
+              T[1][(hi >> 16) & 0xFF] ^ T[0][hi >> 24];
+        p += 8;
+        n -= 8;
+    }
+    while (n--)
+        crc = T[0][(crc ^ *p++) & 0xFF] ^ (crc >> 8);
+    return ~crc;
+}
+
+PyDoc_STRVAR(crc32_doc,
+"crc32(data, value=0) -> int\n\
+\n\
+zlib.crc32(data, value), computed without releasing the GIL.");
+
+static PyObject *
+tfenc_crc32(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs < 1 || nargs > 2) {
+        PyErr_Format(PyExc_TypeError, "crc32() takes 1 or 2 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    unsigned long value = 0;
+    if (nargs == 2) {
+        /* zlib.crc32 takes the value modulo 2**32 */
+        value = PyLong_AsUnsignedLongMask(args[1]);
+        if (value == (unsigned long)-1 && PyErr_Occurred())
+            return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    uint32_t crc = crc32_update((uint32_t)value, view.buf, (size_t)view.len);
+    PyBuffer_Release(&view);
+    return PyLong_FromUnsignedLong(crc);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* The fused drain: a native ring's records straight into EVTS payloads                       */
+
+/* What TraceWriter.write_events(native.consumed_items(ring.consume(tid, name_of), tid))
+ * writes, without an event tuple per record. The records become what _cring's event_tuple()
+ * makes of them; here each column of each event group is filled from the records directly
+ * and encoded with write_ints(), the same code encode_group() ends in. What the tuple path
+ * would do differently -- a record of an unknown type (a PRINT event), a name that is not an
+ * exact str, a string table holding something else than the ints it stores -- is declined:
+ * the records are then decoded into event tuples (the capsule's events(), what
+ * Ring.consume() does) and handed back for write_events().
+ *
+ * The steps, and why in this order:
+ *   1. name_records(): every readable record is named, in ring order, name_of called once per
+ *      distinct code (held by the table from then on). name_of runs Python code, during which
+ *      the program may write, overwrite, clear or resize the ring: the pass carries on or
+ *      starts again, and ends having looked at every record of [floor, head) with no Python
+ *      code run since. It also notes each record's type, by slot.
+ *   2. take_in_place(): Ring.consume()'s accounting, the records left in their slots.
+ *   3. encode_batch() per batch (write_events' slices): the records are read in their slots,
+ *      their references taken out as they are read (released at once: the names table
+ *      holds every code, so no release frees anything here), strings added to the table as
+ *      _encode_strings adds them, the columns encoded, the payload's CRC computed. Nothing
+ *      here may run Python code: a writer would release the references still in the slots.
+ *   4. the result built, the names released (codes freed now run their weakref callbacks).
+ * No copy of the records is made: reading them where they are saves writing and reading
+ * again 56 bytes a record, a good part of the ~30 ns a record this takes. The GIL is held
+ * throughout: released, it would go to the program, which keeps it a switch interval (5 ms)
+ * once the drain thread wants it back, filling the ring meanwhile; and the records in their
+ * slots may not be left to a writer anyway. */
+
+/* Where the value of a column comes from, in a record */
+enum { S_END, S_TS, S_TID, S_DEPTH, S_CODE, S_PARENT, S_EMPTY, S_CALLTIME, S_OVERRUN,
+       S_SLEEP, S_FLAGS };
+
+#define RING_TYPES 6 /* record types are 1 .. 5 */
+#define RING_COLUMNS 9 /* the most columns a record type has (ts, tid, then its fields) */
+
+/* The columns (ts, tid, fields) of the event each record type becomes (tracers/formats.py,
+ * as _cring.c's event_tuple() fills them): the writer checks that its formats have these
+ * field types (RING_LAYOUTS) before calling encode_ring(). */
+static const unsigned char LAYOUT[RING_TYPES][RING_COLUMNS + 1] = {
+    [RH_FUNCTION] = {S_TS, S_TID, S_CODE, S_PARENT, S_DEPTH}, /* depth: the caller's line */
+    [RH_FUNCGRAPH_ENTRY] = {S_TS, S_TID, S_DEPTH, S_CODE, S_EMPTY},
+    [RH_FUNCGRAPH_EXIT] = {S_TS, S_TID, S_DEPTH, S_CODE, S_CALLTIME, S_OVERRUN, S_SLEEP,
+                           S_FLAGS, S_EMPTY},
+    [RH_FUNCGRAPH_SUSPEND] = {S_TS, S_TID, S_DEPTH, S_CODE},
+    [RH_FUNCGRAPH_RESUME] = {S_TS, S_TID, S_DEPTH, S_CODE},
+};
+
+static int
+layout_width(int type)
+{
+    int c = 0;
+    while (c < RING_COLUMNS && LAYOUT[type][c] != S_END)
+        c++;
+    return c;
+}
+
+static int
+is_str_source(int src)
+{
+    return src == S_CODE || src == S_PARENT || src == S_EMPTY;
+}
+
+/* A string index not known yet (its top bit set: a column's OR of its values shows it) */
+#define NO_INDEX UINT64_MAX
+
+/* The names of one call: code object -> slot, slot -> (name, string table index). The codes
+ * are held (a record naming one may be overwritten while name_of runs), the names too. Slot
+ * 0 is "" (no parent, no args, no retval); a NULL code (never written by the native users)
+ * is named "?" as _cring does. */
+typedef struct {
+    PyObject *name;
+    uint64_t index; /* in the writer's string table, or NO_INDEX */
+} Slot;
+
+typedef struct {
+    PyObject **keys; /* open addressing, NULL: free */
+    int32_t *vals;
+    size_t mask, used;
+    Slot *slots;
+    int32_t nslots, cap;
+    int32_t unknown;    /* the slot of "?", or -1 */
+    PyObject *last_code;
+    int32_t last_slot;
+} Names;
+
+/* Release what the table holds (may run Python code: codes freed). */
+static void
+names_free(Names *nm)
+{
+    if (nm->keys != NULL)
+        for (size_t i = 0; i <= nm->mask; i++)
+            Py_XDECREF(nm->keys[i]);
+    for (int32_t s = 0; s < nm->nslots; s++)
+        Py_XDECREF(nm->slots[s].name);
+    PyMem_Free(nm->slots);
+    PyMem_Free(nm->keys);
+    PyMem_Free(nm->vals);
+    memset(nm, 0, sizeof(*nm));
+}
+
+static inline size_t
+ptr_hash(const void *p)
+{
+    uint64_t x = (uint64_t)(uintptr_t)p;
+    x ^= x >> 4;
+    x *= 0x9E3779B97F4A7C15ull;
+    return (size_t)(x >> 17);
+}
+
+/* A string table index as _encode_strings would use it: 0 found (*index), 1 not in the
+ * table, 2 decline (a value other than an int in [0, INT64_MAX]), -1 error. */
+static int
+table_index(PyObject *strings, PyObject *s, uint64_t *index)
+{
+    PyObject *v = PyDict_GetItemWithError(strings, s);
+    if (v == NULL)
+        return PyErr_Occurred() ? -1 : 1;
+    int seen = 0;
+    int r = read_int(v, index, &seen);
+    if (r < 0)
+        return -1;
+    return r == 0 && seen == 0 ? 0 : 2;
+}
+
+/* Add a slot holding name (a new reference, stolen), with its index in the string table if
+ * it has one. Its number; -1 with an error; -2 decline (the table holds something odd). */
+static int32_t
+names_add_slot(Names *nm, PyObject *strings, PyObject *name)
+{
+    if (nm->nslots == nm->cap) {
+        int32_t cap = nm->cap ? nm->cap * 2 : 64;
+        Slot *slots = cap < INT32_MAX / 2 ? PyMem_Realloc(nm->slots, (size_t)cap * sizeof(Slot))
+                                          : NULL;
+        if (slots == NULL) {
+            Py_DECREF(name);
+            PyErr_NoMemory();
+            return -1;
+        }
+        nm->slots = slots;
+        nm->cap = cap;
+    }
+    uint64_t index;
+    int r = table_index(strings, name, &index);
+    if (r < 0 || r == 2) {
+        Py_DECREF(name);
+        return r < 0 ? -1 : -2;
+    }
+    nm->slots[nm->nslots].name = name;
+    nm->slots[nm->nslots].index = r == 0 ? index : NO_INDEX;
+    return nm->nslots++;
+}
+
+/* 0, -1 with an error, -2 decline */
+static int
+names_init(Names *nm, PyObject *strings)
+{
+    memset(nm, 0, sizeof(*nm));
+    nm->unknown = -1;
+    nm->last_slot = -1;
+    nm->mask = 63;
+    nm->keys = PyMem_Calloc(nm->mask + 1, sizeof(PyObject *));
+    nm->vals = PyMem_Malloc((nm->mask + 1) * sizeof(int32_t));
+    if (nm->keys == NULL || nm->vals == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    PyObject *empty = PyUnicode_FromString("");
+    if (empty == NULL)
+        return -1;
+    int32_t s = names_add_slot(nm, strings, empty);
+    return s < 0 ? s : 0;
+}
+
+static int
+names_grow(Names *nm)
+{
+    size_t cap = (nm->mask + 1) * 2;
+    PyObject **keys = PyMem_Calloc(cap, sizeof(PyObject *));
+    int32_t *vals = PyMem_Malloc(cap * sizeof(int32_t));
+    if (keys == NULL || vals == NULL) {
+        PyMem_Free(keys);
+        PyMem_Free(vals);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (size_t i = 0; i <= nm->mask; i++) {
+        if (nm->keys[i] == NULL)
+            continue;
+        size_t j = ptr_hash(nm->keys[i]) & (cap - 1);
+        while (keys[j] != NULL)
+            j = (j + 1) & (cap - 1);
+        keys[j] = nm->keys[i];
+        vals[j] = nm->vals[i];
+    }
+    PyMem_Free(nm->keys);
+    PyMem_Free(nm->vals);
+    nm->keys = keys;
+    nm->vals = vals;
+    nm->mask = cap - 1;
+    return 0;
+}
+
+/* The slot of a code already named, or -1. Runs no Python code. */
+static inline int32_t
+names_find(Names *nm, PyObject *code)
+{
+    if (code == nm->last_code && nm->last_slot >= 0)
+        return nm->last_slot;
+    if (code == NULL)
+        return nm->unknown;
+    size_t j = ptr_hash(code) & nm->mask;
+    while (nm->keys[j] != NULL) {
+        if (nm->keys[j] == code) {
+            nm->last_code = code;
+            return nm->last_slot = nm->vals[j];
+        }
+        j = (j + 1) & nm->mask;
+    }
+    return -1;
+}
+
+/* Name a code not named yet: name_of(code), as _cring's code_name() (once per distinct code
+ * per read). Its slot; -1: an error; -2: decline (a name that is not an exact str). Runs
+ * Python code (not for a NULL code). */
+static int32_t
+names_add(Names *nm, PyObject *name_of, PyObject *strings, PyObject *code)
+{
+    if (code == NULL) {
+        PyObject *q = PyUnicode_InternFromString("?");
+        if (q == NULL)
+            return -1;
+        int32_t s = names_add_slot(nm, strings, q);
+        if (s >= 0)
+            nm->unknown = s;
+        return s;
+    }
+    Py_INCREF(code); /* the record holding it may be overwritten meanwhile */
+    PyObject *name = PyObject_CallOneArg(name_of, code);
+    if (name == NULL || !PyUnicode_CheckExact(name)) {
+        int32_t r = name == NULL ? -1 : -2;
+        Py_XDECREF(name);
+        Py_DECREF(code);
+        return r;
+    }
+    int32_t s = names_add_slot(nm, strings, name);
+    if (s < 0) {
+        Py_DECREF(code);
+        return s;
+    }
+    /* the table is ours (name_of cannot have changed it): a free place for code */
+    size_t j = ptr_hash(code) & nm->mask;
+    while (nm->keys[j] != NULL)
+        j = (j + 1) & nm->mask;
+    nm->keys[j] = code; /* the reference taken above */
+    nm->vals[j] = s;
+    nm->used++;
+    nm->last_code = code;
+    nm->last_slot = s;
+    if (nm->used * 2 > nm->mask && names_grow(nm) < 0)
+        return -1;
+    return s;
+}
+
+/* Scratch memory kept between calls (the module's state): the column values, the payload
+ * being written and the references being dropped, sized for the largest call so far. Fresh
+ * memory for each call would be paged in by each call: at the ~1 us a 4 KB page costs here,
+ * about what encoding the records it holds costs. */
+typedef struct {
+    void *p;
+    size_t bytes;
+} Area;
+
+typedef struct {
+    Area types, vals, out, drop;
+    int busy; /* a call is using it (name_of, Python code, could make another) */
+} Scratch;
+
+static void
+area_free(Area *a)
+{
+    PyMem_Free(a->p);
+    a->p = NULL;
+    a->bytes = 0;
+}
+
+/* At least n bytes in a (its contents are not kept): 0, or -1 with MemoryError. */
+static int
+area_room(Area *a, size_t n)
+{
+    if (a->p != NULL && a->bytes >= n)
+        return 0;
+    area_free(a);
+    if (n > PY_SSIZE_T_MAX || (a->p = PyMem_Malloc(n ? n : 1)) == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    a->bytes = n;
+    return 0;
+}
+
+static void
+scratch_free(Scratch *sc)
+{
+    area_free(&sc->types);
+    area_free(&sc->vals);
+    area_free(&sc->out);
+    area_free(&sc->drop);
+}
+
+/* Values a batch of n records needs: at most RING_COLUMNS each, and the order column */
+#define VALS_MAX(n) ((size_t)(n) * (RING_COLUMNS + 1))
+
+/* Most bytes the payload of a batch of n records takes: head (6), groups (5 * 8), the order
+ * column, and at most RING_COLUMNS columns per group (each group's values add up to n). */
+#define OUT_MAX(n) ((size_t)(6 + 40 + 14 * (1 + RING_TYPES * RING_COLUMNS)) + \
+                    (size_t)(n) * 8 * (1 + RING_COLUMNS))
+
+/* One batch: the records [lo, hi) of the ones taken, and once encoded its payload */
+typedef struct {
+    Py_ssize_t lo, hi;
+    Py_ssize_t count[RING_TYPES]; /* records of each type */
+    int order[RING_TYPES];        /* the types met (the groups' format ids), in order */
+    int k;                        /* how many */
+    PyObject *payload;            /* bytes */
+    uint32_t crc;                 /* of the chunk: its head and payload */
+    Py_ssize_t added;             /* strings this batch added to the table */
+} Encoded;
+
+/* What one encode_ring() call works with */
+typedef struct {
+    rh_ring *ring;
+    Area *types;           /* a record's type by its slot (name_records() notes them) */
+    uint64_t first, pos0;  /* the first record taken: its sequence number, its slot */
+    Names names;
+    PyObject *name_of;
+    uint64_t tid;          /* the tid column's value, and what read_int() saw in it */
+    int tid_seen;
+    PyObject *strings, *new_strings;
+    uint64_t *vals;        /* VALS_MAX(the largest batch) */
+    unsigned char *out;    /* OUT_MAX(the largest batch) bytes: a payload is written here */
+    PyObject **drop;       /* references to release once the ring is left (2 per record) */
+    Py_ssize_t ndrop;
+    Py_ssize_t moved;      /* records taken whose references are out of the ring */
+} Fused;
+
+/* Name every readable record of the ring (its code, and a function record's parent), in
+ * ring order, calling name_of for the codes not named yet. Python code then runs: the ring
+ * may be written, overwritten, cleared or resized meanwhile; the pass goes on from where it
+ * was, or starts again. 0 when every record of [floor, head) is named, with no Python code
+ * run since it was looked at; 1 decline (a record of an unknown type: a PRINT event; a name
+ * that is not a str; an odd string table); -1 error. */
+static int
+name_records(Fused *f, rh_ring *r)
+{
+    Names *nm = &f->names;
+again:
+    if (area_room(f->types, (size_t)r->capacity) < 0) /* runs no Python code */
+        return -1;
+    uint8_t *types = f->types->p;
+    rh_rec *recs = r->recs;
+    uint64_t cap = r->capacity, clear_seq = r->clear_seq;
+    uint64_t seq = r->floor, pos = seq % cap;
+    while (seq != r->head) {
+        const rh_rec *rec = &recs[pos];
+        int t = rec->type;
+        if (t < RH_FUNCTION || t > RH_FUNCGRAPH_RESUME)
+            return 1;
+        PyObject *unnamed;
+        if (names_find(nm, rec->code) < 0)
+            unnamed = rec->code;
+        else if (t == RH_FUNCTION && rec->parent != NULL && names_find(nm, rec->parent) < 0)
+            unnamed = rec->parent;
+        else {
+            types[pos] = (uint8_t)t;
+            seq++;
+            pos = pos + 1 == cap ? 0 : pos + 1;
+            continue;
+        }
+        int32_t s = names_add(nm, f->name_of, f->strings, unnamed);
+        if (s < 0)
+            return s == -1 ? -1 : 1;
+        if (unnamed == NULL) /* named "?": no Python code ran */
+            continue;
+        if (r->recs != recs || r->capacity != cap || r->clear_seq != clear_seq)
+            goto again;
+        if (seq < r->floor) { /* overwritten meanwhile; the slots from floor on are intact */
+            seq = r->floor;
+            pos = seq % cap;
+        }
+        /* look at this record again */
+    }
+    return 0;
+}
+
+/* A reference taken out of the ring: released at once where that cannot free the object,
+ * else kept in f->drop for later (no Python code may run yet). */
+static inline void
+drop_ref(Fused *f, PyObject *o)
+{
+    if (o == NULL)
+        return;
+    if (Py_REFCNT(o) > 1)
+        Py_DECREF(o); /* cannot reach zero */
+    else
+        f->drop[f->ndrop++] = o;
+}
+
+/* Take the references of the records [f->moved, upto) out of the ring. Runs no Python
+ * code. */
+static void
+move_refs(Fused *f, Py_ssize_t upto)
+{
+    rh_rec *recs = f->ring->recs;
+    uint64_t cap = f->ring->capacity, pos = (f->pos0 + (uint64_t)f->moved) % cap;
+    for (Py_ssize_t i = f->moved; i < upto; i++) {
+        PyObject *code = recs[pos].code, *parent = recs[pos].parent;
+        recs[pos].code = recs[pos].parent = NULL;
+        drop_ref(f, code);
+        drop_ref(f, parent);
+        pos = pos + 1 == cap ? 0 : pos + 1;
+    }
+    f->moved = upto;
+}
+
+/* The string table index of slot s, adding its string as _encode_strings would: 0, -1 error. */
+static int
+slot_index(Fused *f, int32_t s, uint64_t *out)
+{
+    Slot *slot = &f->names.slots[s];
+    if (slot->index == NO_INDEX) {
+        uint64_t index;
+        int r = table_index(f->strings, slot->name, &index);
+        if (r == 1)
+            r = add_string(f->strings, f->new_strings, slot->name, &index);
+        else if (r == 2) /* not reached: the table has only what name_records() saw, and ours */
+            PyErr_SetString(PyExc_SystemError, "rethook: the string table changed");
+        if (r != 0)
+            return -1;
+        slot->index = index;
+    }
+    *out = slot->index;
+    return 0;
+}
+
+/* Encode the batch e of the records taken (still in the ring, all named) into its EVTS
+ * payload, moving their references out of the ring: 0 done, -1 error. Runs no Python code
+ * (the records are neither in the ring's readable range nor out of its slots). */
+static int
+encode_batch(Fused *f, Encoded *e)
+{
+    const Py_ssize_t lo = e->lo, hi = e->hi, n = hi - lo;
+    Py_ssize_t i, *count = e->count;
+    int *order = e->order, k = 0, width[RING_TYPES] = {0};
+    Names *nm = &f->names;
+    rh_rec *recs = f->ring->recs;
+    const uint64_t cap = f->ring->capacity;
+
+    /* the groups: how many records of each type, in first-seen order (a quick pass: it
+     * also brings the records into the cache for the next one) */
+    const uint8_t *types = f->types->p;
+    const uint64_t pos_lo = (f->pos0 + (uint64_t)lo) % cap;
+    uint64_t pos = pos_lo;
+    for (i = lo; i < hi; i++, pos = pos + 1 == cap ? 0 : pos + 1) {
+        int t = types[pos]; /* the record's, 1 .. 5: name_records() noted it */
+        if (count[t]++ == 0)
+            order[k++] = t;
+    }
+    e->k = k;
+    /* each group's columns, one after another in vals (at most RING_COLUMNS values a
+     * record), then the order column */
+    uint64_t *col[RING_TYPES][RING_COLUMNS];
+    uint64_t orv[RING_TYPES][RING_COLUMNS] = {{0}}; /* each column's values OR-ed */
+    Py_ssize_t fill[RING_TYPES] = {0};
+    uint64_t *next = f->vals;
+    for (int g = 0; g < k; g++) {
+        int t = order[g];
+        width[t] = layout_width(t);
+        for (int c = 0; c < width[t]; c++, next += count[t])
+            col[t][c] = next;
+    }
+    uint64_t *ord = next;
+
+    /* one pass over the records, row by row */
+    const uint64_t tid = f->tid;
+    const Slot *slots = nm->slots;
+    pos = pos_lo;
+    for (i = lo; i < hi; i++, pos = pos + 1 == cap ? 0 : pos + 1) {
+        rh_rec *r = &recs[pos];
+        int t = r->type;
+        int32_t s = names_find(nm, r->code), ps = 0;
+        if (t == RH_FUNCTION && r->parent != NULL)
+            ps = names_find(nm, r->parent);
+        if (s < 0 || ps < 0 || t != types[pos]) { /* not reached: name_records() saw it */
+            f->moved = i;
+            PyErr_SetString(PyExc_SystemError, "rethook: a ring record changed");
+            return -1;
+        }
+        /* read: its references leave the ring */
+        PyObject *code = r->code, *parent = r->parent;
+        r->code = r->parent = NULL;
+        drop_ref(f, code);
+        drop_ref(f, parent);
+        Py_ssize_t j = fill[t]++;
+        uint64_t **cv = col[t], *o = orv[t];
+        uint64_t x;
+        ord[i - lo] = (uint64_t)t;
+        /* ints: the value, OR-ed into o[c] (its top bit: a negative value); strings: the
+         * slot, its index OR-ed into o[c] (its top bit: a string the table lacks) */
+#define PUT(c, value) (x = (value), cv[c][j] = x, o[c] |= x)
+#define PUT_SLOT(c, sl) (x = (uint64_t)(sl), cv[c][j] = x, o[c] |= slots[x].index)
+        PUT(0, (uint64_t)r->ts);
+        cv[1][j] = tid;
+        switch (t) {
+        case RH_FUNCTION:
+            PUT_SLOT(2, s);
+            PUT_SLOT(3, ps);
+            PUT(4, (uint64_t)(int64_t)r->depth);
+            break;
+        case RH_FUNCGRAPH_EXIT:
+            PUT(2, (uint64_t)(int64_t)r->depth);
+            PUT_SLOT(3, s);
+            PUT(4, (uint64_t)r->calltime);
+            PUT(5, (uint64_t)(int64_t)r->overrun);
+            PUT(6, (uint64_t)r->sleep);
+            PUT(7, (uint64_t)(int64_t)r->flags);
+            PUT_SLOT(8, 0);
+            break;
+        case RH_FUNCGRAPH_ENTRY:
+            PUT_SLOT(4, 0);
+            /* fall through */
+        default: /* and suspend, resume */
+            PUT(2, (uint64_t)(int64_t)r->depth);
+            PUT_SLOT(3, s);
+            break;
+        }
+#undef PUT_SLOT
+#undef PUT
+    }
+    f->moved = hi;
+
+    /* slots into string indices; the strings the table lacks added as the writer adds
+     * them: group by group, column by column, in first-seen order */
+    Py_ssize_t strings_before = PyList_GET_SIZE(f->new_strings);
+    for (int g = 0; g < k; g++) {
+        int t = order[g];
+        for (int c = 0; c < width[t]; c++) {
+            if (!is_str_source(LAYOUT[t][c]))
+                continue;
+            uint64_t *v = col[t][c];
+            Py_ssize_t m = count[t], j;
+            if (orv[t][c] >> 63) {
+                for (j = 0; j < m; j++)
+                    if (slot_index(f, (int32_t)v[j], &v[j]) < 0)
+                        return -1;
+            }
+            else {
+                for (j = 0; j < m; j++)
+                    v[j] = slots[v[j]].index;
+            }
+        }
+    }
+    e->added = PyList_GET_SIZE(f->new_strings) - strings_before;
+
+    /* the payload, into the scratch area (at most OUT_MAX(n) bytes), then copied into a
+     * bytes object of its size */
+    unsigned char *start = f->out, *p = start;
+    put32(p, (uint64_t)n);
+    put16(p + 4, (uint64_t)k);
+    p += 6;
+    for (int g = 0; g < k; g++) {
+        put32(p, (uint64_t)order[g]);
+        put32(p + 4, (uint64_t)count[order[g]]);
+        p += 8;
+    }
+    if (k > 1) /* which format each event is: _write_batch's encode_ints(fids, out, False) */
+        p = write_ints(p, ord, n, 0, 0);
+    for (int g = 0; g < k && p != NULL; g++) {
+        int t = order[g];
+        for (int c = 0; c < width[t] && p != NULL; c++) {
+            int src = LAYOUT[t][c];
+            if (is_str_source(src))
+                p = write_ints(p, col[t][c], count[t], 0, 0);
+            else if (src == S_TID)
+                p = write_ints(p, col[t][c], count[t], f->tid_seen, 1);
+            else
+                p = write_ints(p, col[t][c], count[t], (orv[t][c] >> 63) ? SEEN_NEG : 0, 1);
+        }
+    }
+    if (p == NULL) { /* not reached: no group is empty, no column mixes sign and size */
+        PyErr_SetString(PyExc_SystemError, "rethook: a column the encoder cannot write");
+        return -1;
+    }
+    Py_ssize_t used = (Py_ssize_t)(p - start);
+    unsigned char head[8] = {'E', 'V', 'T', 'S'};
+    put32(head + 4, (uint64_t)used);
+    e->crc = crc32_update(crc32_update(0, head, 8), start, (size_t)used);
+    e->payload = PyBytes_FromStringAndSize((const char *)start, used);
+    return e->payload == NULL ? -1 : 0;
+}
+
+/* The encoded batches as a list of (payload, crc, fids, added), or NULL. */
+static PyObject *
+batch_list(Encoded *enc, Py_ssize_t count)
+{
+    PyObject *list = PyList_New(count);
+    for (Py_ssize_t b = 0; list != NULL && b < count; b++) {
+        PyObject *fids = PyTuple_New(enc[b].k);
+        for (int g = 0; fids != NULL && g < enc[b].k; g++) {
+            PyObject *fid = PyLong_FromLong(enc[b].order[g]);
+            if (fid == NULL)
+                Py_CLEAR(fids);
+            else
+                PyTuple_SET_ITEM(fids, g, fid);
+        }
+        PyObject *item = fids == NULL ? NULL
+                         : Py_BuildValue("(OkNn)", enc[b].payload, (unsigned long)enc[b].crc,
+                                         fids, enc[b].added);
+        if (item == NULL)
+            Py_CLEAR(list);
+        else
+            PyList_SET_ITEM(list, b, item);
+    }
+    return list;
+}
+
+/* The capsule of _cring (its version 2 API), or NULL with ImportError. */
+static const rh_cring_api *
+cring_api(void)
+{
+    PyObject *mod = PyImport_ImportModule("rethook.buffer._cring");
+    if (mod == NULL)
+        return NULL;
+    PyObject *version = PyObject_GetAttrString(mod, "_C_API_VERSION");
+    Py_DECREF(mod);
+    long v = version != NULL ? PyLong_AsLong(version) : -1;
+    Py_XDECREF(version);
+    if (v == -1 && PyErr_Occurred())
+        PyErr_Clear();
+    if (v < RH_CRING_API_VERSION) {
+        PyErr_SetString(PyExc_ImportError,
+                        "rethook.buffer._cring is older than rethook.buffer._tfenc: rebuild");
+        return NULL;
+    }
+    return PyCapsule_Import(RH_CRING_CAPSULE, 0);
+}
+
+/* Forget the strings new_strings[start:] (added to strings by this call): 0, or -1. */
+static int
+forget_strings(PyObject *strings, PyObject *new_strings, Py_ssize_t start)
+{
+    Py_ssize_t end = PyList_GET_SIZE(new_strings);
+    if (end <= start)
+        return 0;
+    for (Py_ssize_t i = start; i < end; i++)
+        if (PyDict_DelItem(strings, PyList_GET_ITEM(new_strings, i)) < 0)
+            return -1;
+    return PyList_SetSlice(new_strings, start, end, NULL);
+}
+
+/* The tuple path: Ring.consume(tid, name_of) itself, as (lost_before, lost_after, None,
+ * events), or NULL. */
+static PyObject *
+consume_events(const rh_cring_api *api, rh_ring *r, PyObject *tid, PyObject *name_of)
+{
+    uint64_t count = r->head - r->floor; /* <= capacity, whose array was allocated */
+    rh_rec *buf = PyMem_Malloc(count ? (size_t)count * sizeof(rh_rec) : 1);
+    if (buf == NULL)
+        return PyErr_NoMemory();
+    rh_taken t;
+    if (api->take(r, &t, buf, count) < 0) { /* not reached: nothing ran since count */
+        PyMem_Free(buf);
+        return NULL;
+    }
+    PyObject *events = api->events(t.recs, t.n, tid, name_of);
+    PyObject *result = events == NULL ? NULL
+                       : Py_BuildValue("(KKON)", (unsigned long long)t.lost_before,
+                                       (unsigned long long)t.lost_after, Py_None, events);
+    if (result == NULL)
+        api->untake(r, &t);
+    PyObject *exc = PyErr_GetRaisedException();
+    api->release(&t); /* may run Python code */
+    PyErr_SetRaisedException(exc);
+    PyMem_Free(buf);
+    return result;
+}
+
+/* name_of failed: what Ring.consume() does then. The records are taken and reach no reader:
+ * counted lost (the next consuming read reports them). Call with no error set. */
+static void
+consume_lost(const rh_cring_api *api, rh_ring *r)
+{
+    uint64_t count = r->head - r->floor; /* <= capacity, whose array was allocated */
+    rh_rec *buf = PyMem_Malloc(count ? (size_t)count * sizeof(rh_rec) : 1);
+    rh_taken t;
+    if (buf != NULL && api->take(r, &t, buf, count) == 0) {
+        api->untake(r, &t);
+        api->release(&t); /* may run Python code */
+    }
+    else {
+        PyErr_Clear(); /* no memory for it: the records stay in the ring */
+    }
+    PyMem_Free(buf);
+}
+
+PyDoc_STRVAR(encode_ring_doc,
+"encode_ring(ring, tid, name_of, strings, new_strings, batch)\n\
+    -> (lost_before, lost_after, batches, events)\n\
+\n\
+Consume every record of the native ring (a rethook.buffer._cring.Ring) as\n\
+ring.consume(tid, name_of) does -- the same accounting, lost_before and lost_after\n\
+-- and encode the events they become into EVTS payloads, split as\n\
+TraceWriter.write_events() splits [Lost(lost_before)?] + events + [Lost(lost_after)?]\n\
+into batches of `batch` items. batches: a list of (payload, crc, fids, added): the\n\
+payload, the CRC-32 of the chunk (its head and payload), the format ids of its\n\
+groups in order, how many strings it added to the string table (strings and\n\
+new_strings, as _encode_strings adds them, for this batch after the ones before).\n\
+events is None then. When the records need the tuple path (a record of an unknown\n\
+type, a name that is not a str...) batches is None, events the event tuples\n\
+ring.consume(tid, name_of) gives, and the string table is unchanged.\n\
+On an error the records are counted lost as ring.consume() counts them.");
+
+static PyObject *
+encode_ring(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 6) {
+        PyErr_Format(PyExc_TypeError, "encode_ring() takes 6 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    PyObject *ring = args[0], *tid = args[1], *name_of = args[2], *strings = args[3];
+    PyObject *new_strings = args[4];
+    if (!PyDict_CheckExact(strings) || !PyList_CheckExact(new_strings)) {
+        PyErr_SetString(PyExc_TypeError, "encode_ring(): strings must be a dict and "
+                                         "new_strings a list");
+        return NULL;
+    }
+    Py_ssize_t batch = PyNumber_AsSsize_t(args[5], PyExc_OverflowError);
+    if (batch == -1 && PyErr_Occurred())
+        return NULL;
+    if (batch < 1 || batch > (1 << 24)) {
+        PyErr_Format(PyExc_ValueError, "encode_ring(): batch must be in [1, 2**24], not %zd",
+                     batch);
+        return NULL;
+    }
+    const rh_cring_api *api = cring_api();
+    if (api == NULL)
+        return NULL;
+    if (!PyObject_TypeCheck(ring, api->ring_type)) {
+        PyErr_Format(PyExc_TypeError, "encode_ring(): expected a Ring, not %.100s",
+                     Py_TYPE(ring)->tp_name);
+        return NULL;
+    }
+    rh_ring *rg = (rh_ring *)ring;
+    Fused f = {.ring = rg, .name_of = name_of, .strings = strings,
+               .new_strings = new_strings};
+    {
+        uint64_t tv;
+        int seen = 0;
+        if (read_int(tid, &tv, &seen) != 0 || (seen & (SEEN_NEG | SEEN_BIG)) ==
+                                                  (SEEN_NEG | SEEN_BIG)) {
+            if (PyErr_Occurred())
+                return NULL;
+            return consume_events(api, rg, tid, name_of); /* the big-integer encoding */
+        }
+        f.tid = tv;
+        f.tid_seen = seen;
+    }
+    /* the scratch memory: the module's, unless a call in progress uses it (name_of runs
+     * Python code, which could make another call) */
+    Scratch *kept = PyModule_GetState(module), local = {0};
+    Scratch *sc = kept->busy ? &local : kept;
+    sc->busy = 1;
+    f.types = &sc->types;
+    int r = names_init(&f.names, strings);
+    if (r == 0)
+        r = name_records(&f, rg);
+    if (r != 0) { /* the records need the tuple path, or an error */
+        PyObject *result = NULL;
+        if (r > 0 || r == -2) {
+            result = consume_events(api, rg, tid, name_of);
+            names_free(&f.names);
+        }
+        else {
+            PyObject *exc = PyErr_GetRaisedException();
+            consume_lost(api, rg);
+            names_free(&f.names); /* may run Python code */
+            PyErr_SetRaisedException(exc);
+        }
+        sc->busy = 0;
+        scratch_free(&local);
+        return result;
+    }
+
+    /* Every record of [floor, head) is named, nothing has run since: from here until they
+     * are all out of the ring (moved, or encoded and moved), no Python code runs. */
+    uint64_t count = rg->head - rg->floor; /* <= capacity, whose array was allocated */
+    Py_ssize_t n = (Py_ssize_t)count;
+    Py_ssize_t most = n < batch ? n : batch;
+    Encoded *enc = PyMem_Calloc((size_t)(n / batch + 2), sizeof(Encoded));
+    if (enc == NULL || area_room(&sc->vals, VALS_MAX(most) * sizeof(uint64_t)) < 0 ||
+        area_room(&sc->out, OUT_MAX(most)) < 0 ||
+        area_room(&sc->drop, (size_t)n * 2 * sizeof(PyObject *)) < 0) {
+        if (enc == NULL)
+            PyErr_NoMemory();
+        PyMem_Free(enc);
+        names_free(&f.names);
+        sc->busy = 0;
+        scratch_free(&local);
+        return NULL;
+    }
+    f.vals = sc->vals.p;
+    f.out = sc->out.p;
+    f.drop = sc->drop.p;
+
+    /* Ring.consume()'s accounting; the records stay where they are until read */
+    rh_taken t;
+    api->take_in_place(rg, &t);
+    f.first = t.first;
+    f.pos0 = count ? t.first % rg->capacity : 0;
+    Py_ssize_t strings_start = PyList_GET_SIZE(new_strings), nenc = 0;
+    PyObject *batches = NULL, *result = NULL;
+
+    /* the batches: write_events() slices its items, and a Lost before the records takes
+     * the first slice's first place */
+    Py_ssize_t size = t.lost_before ? batch - 1 : batch;
+    for (Py_ssize_t lo = 0; lo < n; lo += size, size = batch) {
+        if (size > 0) {
+            enc[nenc].lo = lo;
+            enc[nenc++].hi = n - lo < size ? n : lo + size;
+        }
+    }
+    for (Py_ssize_t b = 0; b < nenc; b++) {
+        if (encode_batch(&f, &enc[b]) < 0) {
+            /* out of memory: the records reach no reader. Out of the ring with them, count
+             * them lost as Ring.consume() does, forget the strings added (no chunk will
+             * define them) */
+            move_refs(&f, n);
+            api->untake(rg, &t);
+            PyObject *exc = PyErr_GetRaisedException();
+            if (forget_strings(strings, new_strings, strings_start) < 0)
+                PyErr_Clear();
+            PyErr_SetRaisedException(exc);
+            goto done;
+        }
+    }
+    /* all read, all out of the ring: Python code may run again */
+    if ((batches = batch_list(enc, nenc)) != NULL)
+        result = Py_BuildValue("(KKOO)", (unsigned long long)t.lost_before,
+                               (unsigned long long)t.lost_after, batches, Py_None);
+    if (result == NULL) {
+        api->untake(rg, &t);
+        PyObject *exc = PyErr_GetRaisedException();
+        if (forget_strings(strings, new_strings, strings_start) < 0)
+            PyErr_Clear();
+        PyErr_SetRaisedException(exc);
+    }
+
+done:
+    Py_XDECREF(batches);
+    for (Py_ssize_t b = 0; b < nenc; b++)
+        Py_XDECREF(enc[b].payload);
+    PyMem_Free(enc);
+    {
+        /* the references that could not be dropped in the ring (their objects' last ones),
+         * and the names' */
+        PyObject *exc = PyErr_GetRaisedException();
+        for (Py_ssize_t i = 0; i < f.ndrop; i++)
+            Py_DECREF(f.drop[i]); /* may run Python code (weakref callbacks) */
+        names_free(&f.names);
+        sc->busy = 0;
+        scratch_free(&local);
+        PyErr_SetRaisedException(exc);
+    }
+    return result;
+}
+
+PyDoc_STRVAR(reserve_doc,
+"reserve(records, batch) -> None\n\
+\n\
+Make encode_ring()'s scratch memory ready for rings of up to `records` records and\n\
+batches of `batch`, paged in: what the first calls would do, at a time when it costs\n\
+nothing (before a recording starts).");
+
+static PyObject *
+reserve(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "reserve() takes 2 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    Py_ssize_t records = PyNumber_AsSsize_t(args[0], PyExc_OverflowError);
+    if (records == -1 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t batch = PyNumber_AsSsize_t(args[1], PyExc_OverflowError);
+    if (batch == -1 && PyErr_Occurred())
+        return NULL;
+    if (records < 0 || batch < 1 || batch > (1 << 24) ||
+        (size_t)records > PY_SSIZE_T_MAX / (2 * sizeof(PyObject *))) {
+        PyErr_SetString(PyExc_ValueError, "reserve(): records >= 0, batch in [1, 2**24]");
+        return NULL;
+    }
+    Scratch *sc = PyModule_GetState(module);
+    if (sc->busy)
+        Py_RETURN_NONE;
+    Py_ssize_t most = records < batch ? records : batch;
+    size_t vals = VALS_MAX(most) * sizeof(uint64_t), out = OUT_MAX(most);
+    if (area_room(&sc->types, (size_t)records) < 0 ||
+        area_room(&sc->vals, vals) < 0 || area_room(&sc->out, out) < 0 ||
+        area_room(&sc->drop, (size_t)records * 2 * sizeof(PyObject *)) < 0)
+        return NULL;
+    /* in: the values and the payloads are written on every call (the references to drop
+     * rarely are) */
+    memset(sc->types.p, 0, (size_t)records);
+    memset(sc->vals.p, 0, vals);
+    memset(sc->out.p, 0, out);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(free_scratch_doc,
+"free_scratch() -> None\n\
+\n\
+Free the memory encode_ring() keeps between calls (TraceWriter.close() does).");
+
+static PyObject *
+free_scratch(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    Scratch *sc = PyModule_GetState(module);
+    if (!sc->busy)
+        scratch_free(sc);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"encode_group", (PyCFunction)(void (*)(void))encode_group, METH_FASTCALL, encode_group_doc},
     {"encode_ints", (PyCFunction)(void (*)(void))encode_ints, METH_FASTCALL, encode_ints_doc},
+    {"encode_ring", (PyCFunction)(void (*)(void))encode_ring, METH_FASTCALL, encode_ring_doc},
+    {"crc32", (PyCFunction)(void (*)(void))tfenc_crc32, METH_FASTCALL, crc32_doc},
+    {"reserve", (PyCFunction)(void (*)(void))reserve, METH_FASTCALL, reserve_doc},
+    {"free_scratch", free_scratch, METH_NOARGS, free_scratch_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -660,10 +1705,41 @@ out:
     return ok;
 }
 
+/* RING_LAYOUTS: {record type: the field types (after ts and tid) of the event it becomes}, as
+ * encode_ring() encodes them; the writer checks its formats against it. */
+static int
+add_layouts(PyObject *module)
+{
+    PyObject *layouts = PyDict_New();
+    if (layouts == NULL)
+        return -1;
+    for (int t = RH_FUNCTION; t < RING_TYPES; t++) {
+        int w = layout_width(t);
+        PyObject *types = PyTuple_New(w - 2);
+        PyObject *key = PyLong_FromLong(t);
+        for (int c = 2; types != NULL && c < w; c++) {
+            PyObject *name = PyUnicode_FromString(is_str_source(LAYOUT[t][c]) ? "str" : "u64");
+            if (name == NULL)
+                Py_CLEAR(types);
+            else
+                PyTuple_SET_ITEM(types, c - 2, name);
+        }
+        int r = types != NULL && key != NULL ? PyDict_SetItem(layouts, key, types) : -1;
+        Py_XDECREF(types);
+        Py_XDECREF(key);
+        if (r < 0) {
+            Py_DECREF(layouts);
+            return -1;
+        }
+    }
+    int r = PyModule_AddObjectRef(module, "RING_LAYOUTS", layouts);
+    Py_DECREF(layouts);
+    return r;
+}
+
 static int
 tfenc_exec(PyObject *module)
 {
-    (void)module;
     static const int codes[] = {1, 2, 4, 8};
     /* tracefile.py imports this module once these are defined; the module is then partly
      * initialised, and importing it again returns it as it is */
@@ -688,7 +1764,10 @@ tfenc_exec(PyObject *module)
         PyException_SetCause(exc, cause);
         PyErr_SetRaisedException(exc);
     }
-    return bad ? -1 : 0;
+    if (bad)
+        return -1;
+    crc_init();
+    return add_layouts(module);
 }
 
 static PyModuleDef_Slot slots[] = {
@@ -697,13 +1776,22 @@ static PyModuleDef_Slot slots[] = {
     {0, NULL},
 };
 
+static void
+tfenc_free(void *module)
+{
+    Scratch *sc = PyModule_GetState((PyObject *)module);
+    if (sc != NULL)
+        scratch_free(sc);
+}
+
 static struct PyModuleDef moduledef = {
     PyModuleDef_HEAD_INIT,
     .m_name = "rethook.buffer._tfenc",
     .m_doc = "The C twin of the trace file writer's column encoder (rethook.buffer.tracefile).",
-    .m_size = 0,
+    .m_size = sizeof(Scratch),
     .m_methods = methods,
     .m_slots = slots,
+    .m_free = tfenc_free,
 };
 
 PyMODINIT_FUNC

@@ -18,7 +18,9 @@
  *
  * Writers (the owning thread, or any thread holding the GIL: the GIL is never released while
  * a record is written) call rh_ring_reserve(), fill the record it returns, then rh_ring_done(). Readers are
- * Python methods of the ring type (_cring.c); they run under the GIL too, so no lock exists.
+ * Python methods of the ring type (_cring.c), and the consuming read the capsule exports in
+ * pieces (rh_cring_api below: the trace file writer's fused drain, _tfenc.c); they run under
+ * the GIL too, so no lock exists.
  *
  * Between rh_ring_reserve() and the last store into the record, run no Python code: no call,
  * no allocation of a Python object (it may start the GC, whose finalizers run Python code),
@@ -35,6 +37,9 @@
 
 #include <Python.h>
 #include <stdint.h>
+
+/* How many records ahead of the writer rh_ring_reserve() asks the CPU to fetch. */
+#define RH_PREFETCH_AHEAD 16
 
 /* Record types: the event format ids of rethook/tracers/formats.py. */
 #define RH_FUNCTION 1
@@ -114,6 +119,11 @@ rh_ring_reserve(rh_ring *r, rh_stale *stale)
     rec->code = rec->parent = NULL;
     r->head++;
     r->wpos = r->wpos + 1 == r->capacity ? 0 : r->wpos + 1;
+#if defined(__GNUC__)
+    /* the records a few events ahead: their lines are read (what they held) and written */
+    if (r->wpos + RH_PREFETCH_AHEAD < r->capacity)
+        __builtin_prefetch(&r->recs[r->wpos + RH_PREFETCH_AHEAD], 1, 3);
+#endif
     return rec;
 }
 
@@ -125,11 +135,55 @@ rh_ring_done(rh_stale *stale)
     Py_XDECREF(stale->parent);
 }
 
-/* What _cring exports to other extensions (capsule "rethook.buffer._cring._C_API"). */
+/* Records taken out of a ring by a consuming read (rh_cring_api.take). */
+typedef struct {
+    rh_rec *recs;          /* n records, oldest first, each holding its references */
+    uint64_t n;
+    uint64_t lost_before;  /* records overwritten since the last consuming read: before recs */
+    uint64_t lost_after;   /* records refused since then: after recs (where is not known) */
+    uint64_t clear_seq;    /* the ring's clear_seq when taken (untake checks it) */
+    uint64_t first;        /* the sequence number of the first record */
+    int owned;             /* recs is a PyMem array of the ring module's (release frees it) */
+} rh_taken;
+
+/* What _cring exports to other extensions (capsule "rethook.buffer._cring._C_API").
+ *
+ * ring_type is all the native users need. The rest is the consuming read of Ring.consume()
+ * in pieces, for a reader that does not want event tuples (the trace file writer's fused
+ * drain, rethook.buffer._tfenc): take() is Ring.consume()'s read and accounting,
+ * take_in_place() its accounting alone, untake() its accounting when the records then reach
+ * no reader, release() drops what take() gave, events() its decoding into event tuples. The
+ * module's _C_API_VERSION says which fields exist (1: ring_type only; 2: all of them);
+ * fields are only ever added at the end. */
 typedef struct {
     PyTypeObject *ring_type;
+    /* Move every readable record of r (head - floor of them: at most `room`, else -1 with
+     * ValueError) into the caller's array buf, oldest first, with Ring.consume()'s
+     * accounting: t gets them, and lost_before/lost_after as it reports them; the ring's
+     * read position goes to its head. Runs no Python code (read r->head - r->floor, make
+     * room, take: nothing can write the ring in between). 0, or -1 (the ring unchanged). */
+    int (*take)(rh_ring *r, rh_taken *t, rh_rec *buf, uint64_t room);
+    /* take()'s accounting, the records left where they are: t->first and t->n say which
+     * (t->recs is NULL). They are no longer readable, but their slots still hold their
+     * references, which the caller now owns: it must take every one of them out of the ring
+     * (read the slot, set its code and parent to NULL) before running any Python code, or
+     * anything else that may write the ring (a writer would release them). Runs no Python
+     * code. */
+    void (*take_in_place)(rh_ring *r, rh_taken *t);
+    /* The records t holds reach no reader (an error after take()): count them lost as
+     * Ring.consume() does (the next consuming read reports them after its records), unless
+     * the ring was cleared since. Runs no Python code. */
+    void (*untake)(rh_ring *r, const rh_taken *t);
+    /* Release the references the records of t hold (t is left empty; the caller's array
+     * stays its). May run Python code (code objects freed: weakref callbacks). */
+    void (*release)(rh_taken *t);
+    /* Ring.consume(tid, name_of)'s decoding: a new list of the event tuples of n records
+     * (references borrowed from recs, which must stay alive), or NULL with an error. Calls
+     * name_of once per distinct code object. */
+    PyObject *(*events)(const rh_rec *recs, uint64_t n, PyObject *tid, PyObject *name_of);
 } rh_cring_api;
 
 #define RH_CRING_CAPSULE "rethook.buffer._cring._C_API"
+#define RH_CRING_API_VERSION 2
 
 #endif

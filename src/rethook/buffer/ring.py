@@ -69,6 +69,11 @@ The native half
     records they fell is not known). Native writers do not wake
     blocked pipe readers: while a native ring exists the pipe polls more often
     (:data:`NATIVE_PIPE_POLL_SECONDS`).
+
+    A reader that writes a trace file need not turn records into tuples at all:
+    :meth:`TracePipe.read_or_feed` hands a read whose only content is one thread's native
+    records to the caller (``TraceWriter.write_native``, which encodes them in C straight
+    into the file's event chunks); any other read is merged as above.
 """
 
 from __future__ import annotations
@@ -110,8 +115,10 @@ DROP_BATCH_EVENTS = 64
 PIPE_POLL_SECONDS = 0.05
 
 #: How often a blocked pipe reader looks for events while native rings exist: their writers
-#: never wake it, and a ring of the default size fills in a few ms at native speeds.
-NATIVE_PIPE_POLL_SECONDS = 0.005
+#: never wake it, and a ring of the default size fills in a few ms at native speeds. When it
+#: wakes, a CPU-bound program keeps the GIL for up to a switch interval (5 ms) more: the
+#: ring must hold what the program makes in both (the recorder's first read of a call storm).
+NATIVE_PIPE_POLL_SECONDS = 0.001
 
 # Where appends go while tracing is off: a deque that keeps nothing, so a cached append
 # stays valid and costs the same whether or not tracing is on.
@@ -500,7 +507,11 @@ class ThreadBuffer:
         Native records are merged in by timestamp, with their own Lost items (see
         :func:`rethook.buffer.native.consumed_items`).
         """
-        items = self._consume_python()
+        return self._consume_native(self._consume_python())
+
+    def _consume_native(self, items: list[Event | Lost]) -> list[Event | Lost]:
+        """The second half of :meth:`_consume`: the native ring's records (decoded) merged
+        into ``items``, the Python events just consumed."""
         ring = self._native
         if ring is None:
             return items
@@ -796,6 +807,33 @@ class TraceBuffer:
         keyed = [_keyed_by_time(batch) for batch in batches]
         return [item for _, item in heapq.merge(*keyed, key=itemgetter(0))]
 
+    def _consume_or_feed(self, feed: NativeFeed) -> list[Event | Lost] | None:
+        """:meth:`_consume_all`, except that a round whose only content is one thread's
+        native ring -- no Python-side event or loss in any thread, nothing in any other
+        ring -- is handed to ``feed(ring, tid, name_of)``, which must consume the ring
+        (``TraceWriter.write_native``: records encoded without event tuples). Returns the
+        items of the round, or None when ``feed`` took it.
+
+        Every thread's Python side is consumed first, then the rings, as :meth:`_consume`
+        does for one thread; across threads the order of a round's reads never mattered
+        (each thread's writer runs meanwhile, a round is one moment per thread).
+        """
+        with self._pipe_lock:
+            buffers = self.buffers()
+            python = [buf._consume_python() for buf in buffers]
+            if not any(python):
+                pending = [buf for buf in buffers
+                           if buf._native is not None and _native_pending(buf._native)]
+                if len(pending) == 1:
+                    feed(pending[0]._native, pending[0].tid, self._name_of)
+                    return None
+            batches = [batch for buf, items in zip(buffers, python, strict=True)
+                       if (batch := buf._consume_native(items))]
+        if len(batches) <= 1:
+            return batches[0] if batches else []
+        keyed = [_keyed_by_time(batch) for batch in batches]
+        return [item for _, item in heapq.merge(*keyed, key=itemgetter(0))]
+
     def _wake(self) -> None:
         with self._cond:
             self._cond.notify_all()
@@ -807,6 +845,17 @@ class TraceBuffer:
                 self._cond.wait(seconds)
             finally:
                 self._waiting -= 1
+
+
+#: Takes a round that is one native ring's records: ``feed(ring, tid, name_of)`` consumes
+#: the ring (see :meth:`TraceBuffer._consume_or_feed`).
+NativeFeed = Callable[[Any, int, Callable[[CodeType], str]], None]
+
+
+def _native_pending(ring: Any) -> bool:
+    """Whether a consuming read of a C ring would return anything: records, or loss to
+    report (overwritten or refused since the last read)."""
+    return ring.head != ring.read_pos or ring.refused_unreported != 0
 
 
 def _keyed_by_time(items: list[Event | Lost]) -> list[tuple[int, Event | Lost]]:
@@ -853,6 +902,25 @@ class TracePipe:
         while not self._closed:
             items = buffer._consume_all()
             if items:
+                return items
+            wait = buffer._poll_seconds
+            if deadline is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                wait = min(wait, remaining)
+            buffer._wait(wait)
+        return []
+
+    def read_or_feed(self, timeout: float | None, feed: NativeFeed) -> list[Event | Lost] | None:
+        """:meth:`read`, except that a round holding nothing but one thread's native records
+        goes to ``feed(ring, tid, name_of)``, which consumes the ring (a trace writer's
+        ``write_native``): then it returns None at once. [] on timeout or close."""
+        buffer = self._buffer
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._closed:
+            items = buffer._consume_or_feed(feed)
+            if items is None or items:
                 return items
             wait = buffer._poll_seconds
             if deadline is not None:

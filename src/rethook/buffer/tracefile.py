@@ -15,6 +15,7 @@ offset of the first damaged chunk; everything before it is still read.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import struct
@@ -22,7 +23,7 @@ import sys
 import warnings
 import zlib
 from array import array
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from itertools import accumulate, compress, islice, repeat
 from operator import eq, itemgetter, sub
@@ -37,6 +38,7 @@ from rethook.buffer.events import (
     FormatRegistry,
     Lost,
 )
+from rethook.buffer.native import consumed_items
 
 #: First bytes of every trace file: a non-ASCII byte, the name, and line-ending bytes
 #: that a text-mode transfer would mangle (the PNG trick).
@@ -234,6 +236,21 @@ def _encode_ints(values: list, out: list[bytes], try_delta: bool) -> None:
 
 # -- writer ---------------------------------------------------------------------------
 
+def _iov_max() -> int:
+    """Most pieces one os.writev takes (POSIX guarantees 16; Linux takes 1024)."""
+    try:
+        n = os.sysconf("SC_IOV_MAX")
+    except (AttributeError, ValueError, OSError):
+        return 16
+    return min(n, 1024) if n > 0 else 16
+
+
+_IOV_MAX = _iov_max()
+
+#: Bytes of output a native record usually takes in an event chunk (a function_graph trace
+#: takes about 6.5): what prepare_native sizes write_native's output buffer for.
+_OUT_BYTES_PER_RECORD = 8
+
 
 def _open_for(target: str | os.PathLike | IO[bytes], mode: str) -> tuple[IO[bytes], str, bool]:
     """Return (file, name for messages, whether we opened it)."""
@@ -272,6 +289,11 @@ class TraceWriter:
         self._new_meta: dict[str, Any] = {}
         self._events = 0
         self._closed = False
+        self._gathered: list[bytes] | None = None  # chunks held for one write (write_native)
+        self._scratch_used = False  # the C encoder keeps memory for write_native
+        self._out = bytearray()  # write_native's output buffer, kept between calls
+        # an unbuffered file: write_native writes its chunks with one os.writev, uncopied
+        self._writev = type(self._file) is io.FileIO and hasattr(os, "writev")
         try:
             head = _HEADER.pack(MAGIC, VERSION_MAJOR, VERSION_MINOR, 0)[:16]
             self._file.write(head + _CRC.pack(zlib.crc32(head)))
@@ -330,6 +352,115 @@ class TraceWriter:
         self._check_open()
         self._flush_definitions()
         self._chunk(TAG_LOST, _LOST.pack(tid, count))
+
+    def write_native(self, ring: Any, tid: int, name_of: Callable[[Any], str]) -> int:
+        """Consume every record of a native ring and write the events they are; returns
+        how many events.
+
+        ``ring`` is a thread's C ring (``rethook.buffer._cring.Ring``). The file gets what
+        ``write_events(native.consumed_items(ring.consume(tid, name_of), tid))`` writes --
+        the same chunks, Lost markers, string table entries and batches -- and the ring is
+        left as that consume leaves it. With the C encoder (:mod:`rethook.buffer._tfenc`)
+        and the built-in layouts for formats 1-5, the records are encoded in C straight
+        from the ring, with no event tuple per record, and the chunks of the call go to the
+        file in one write, the GIL held until then (the drain thread of ``rethook record``:
+        each time it lets the GIL go, a CPU-bound program keeps it a switch interval once
+        the drain wants it back, filling the ring meanwhile). Otherwise it is that very
+        call.
+        """
+        self._check_open()
+        if not self._native_encodable():
+            return self.write_events(consumed_items(ring.consume(tid, name_of), tid))
+        new_strings: list[str] = []
+        self._scratch_used = True
+        lost_before, lost_after, batches, events = _tfenc.encode_ring(
+            ring, tid, name_of, self._strings, new_strings, self._batch)
+        if batches is None:  # records only the tuple path writes (a PRINT event...)
+            return self.write_events(consumed_items((lost_before, events, lost_after), tid))
+        written = 0
+        self._gathered = []
+        try:
+            if lost_before:
+                self.write_lost(tid, lost_before)
+            first = len(self._strings) - len(new_strings)  # the index of new_strings[0]
+            done = 0  # of new_strings, defined in the file
+            try:
+                for payload, crc, fids, added in batches:
+                    for fid in fids:
+                        self._format_for(fid)
+                    self._flush_definitions()
+                    if added:
+                        self._write_strings(new_strings[done : done + added], first + done)
+                    done += added
+                    self._chunk(TAG_EVENTS, payload, crc)
+                    count = _U32.unpack_from(payload)[0]
+                    self._events += count
+                    written += count
+            except BaseException:
+                for value in new_strings[done:]:  # never written: forget them, as
+                    del self._strings[value]  # _write_batch does
+                raise
+            if lost_after:
+                self.write_lost(tid, lost_after)
+        finally:
+            gathered, self._gathered = self._gathered, None
+            if gathered:
+                self._write_gathered(gathered)
+        return written
+
+    def _write_gathered(self, parts: list[bytes]) -> None:
+        """Write chunks in one call: to an unbuffered file with one writev, else through a
+        buffer kept for the next time (a new one of a round's size, a megabyte or so, would
+        be paged in at every round)."""
+        if self._writev:
+            fd = self._file.fileno()
+            while parts:  # the whole of parts, in at most IOV_MAX pieces a call
+                done = os.writev(fd, parts[:_IOV_MAX])
+                if done <= 0:
+                    raise OSError(f"{self.name}: nothing written")
+                while parts and done >= len(parts[0]):
+                    done -= len(parts[0])
+                    del parts[0]
+                if done:  # a short write, mid-piece
+                    parts[0] = parts[0][done:]
+            return
+        total = sum(map(len, parts))
+        out = self._out
+        if len(out) < total:
+            out = self._out = bytearray(total + total // 2)
+        pos = 0
+        for part in parts:
+            end = pos + len(part)
+            out[pos:end] = part
+            pos = end
+        with memoryview(out) as view:
+            self._file.write(view[:total])
+
+    def prepare_native(self, records: int) -> None:
+        """Get ready to :meth:`write_native` rings of up to ``records`` records: the memory
+        the C encoder and the output buffer need, paged in now rather than by the first
+        calls (which, while a program fills the ring, is when time matters)."""
+        if not self._native_encodable():
+            return
+        records = max(0, int(records))
+        _tfenc.reserve(records, self._batch)
+        self._scratch_used = True  # close() frees what reserve() kept
+        size = records * _OUT_BYTES_PER_RECORD
+        if not self._writev and len(self._out) < size:
+            self._out = bytearray(size)
+
+    def _native_encodable(self) -> bool:
+        """Whether write_native can encode records in C: the C encoder is built and formats
+        1-5 are (or would be, when first used) the layouts it encodes."""
+        if _tfenc is None or not hasattr(_tfenc, "encode_ring"):
+            return False
+        for fid, types in _tfenc.RING_LAYOUTS.items():
+            fmt = self._formats.get(fid)
+            if fmt is None and self._registry is not None:
+                fmt = self._registry.get(fid)
+            if fmt is None or tuple(field.type for field in fmt.fields) != types:
+                return False
+        return True
 
     def _write_batch(self, batch: list) -> int:
         try:
@@ -483,10 +614,13 @@ class TraceWriter:
                 parts += (_TID_NAME.pack(tid), _text(name))
             self._chunk(TAG_THREADS, b"".join(parts))
 
-    def _write_strings(self, strings: list[str]) -> None:
+    def _write_strings(self, strings: list[str], first: int | None = None) -> None:
+        """A STR chunk defining ``strings``, the table's newest entries unless ``first`` says
+        where they start."""
         raw = [s.encode("utf-8", "surrogatepass") for s in strings]
         lengths = array(_UNSIGNED[2].typecode, map(len, raw))
-        first = len(self._strings) - len(strings)
+        if first is None:
+            first = len(self._strings) - len(strings)
         head = _U32.pack(first) + _U32.pack(len(strings))
         self._chunk(TAG_STRINGS, head + _array_bytes(lengths) + b"".join(raw))
 
@@ -494,11 +628,19 @@ class TraceWriter:
     def _meta_payload(meta: Mapping[str, Any]) -> bytes:
         return json.dumps(meta, default=str, ensure_ascii=False).encode("utf-8", "surrogatepass")
 
-    def _chunk(self, tag: bytes, payload: bytes) -> None:
+    def _chunk(self, tag: bytes, payload: bytes, crc: int | None = None) -> None:
+        """Write a chunk (``crc``: of its head and payload, when the caller has it)."""
         if len(payload) > MAX_CHUNK_PAYLOAD:
             raise ValueError(f"chunk of {len(payload)} bytes: lower batch_events")
         head = _CHUNK_HEAD.pack(tag, len(payload))
-        crc = zlib.crc32(payload, zlib.crc32(head))
+        gathered = self._gathered
+        if gathered is not None:  # held for one write, the GIL kept (see write_native)
+            if crc is None:
+                crc = _tfenc.crc32(payload, _tfenc.crc32(head))
+            gathered += (head, payload, _CRC.pack(crc))
+            return
+        if crc is None:
+            crc = zlib.crc32(payload, zlib.crc32(head))
         write = self._file.write
         write(head)
         write(payload)
@@ -532,6 +674,8 @@ class TraceWriter:
             self._closed = True
             if self._owns_file:
                 self._file.close()
+            if self._scratch_used:
+                _tfenc.free_scratch()  # what encode_ring keeps between calls
 
     def __enter__(self) -> TraceWriter:
         return self

@@ -1,0 +1,789 @@
+"""The fused drain: a native ring's records written into the trace file's event chunks in C
+(``TraceWriter.write_native``, ``TracePipe.read_or_feed``, ``rethook record``), held to the
+tuple path (``Ring.consume(tid, name_of)`` then ``write_events``), which stays the reference.
+
+In-process, two rings (or two TraceBuffers) get the same writes in lockstep; one is drained
+through the fused path, the other through the tuple path, and the files must be the same
+bytes and the rings must count the same. Through the command line, real programs are
+recorded both ways (``RETHOOK_FUSED_DRAIN=0`` forces the tuple path) and must read back to
+the same events.
+"""
+
+from __future__ import annotations
+
+import gc
+import io
+import os
+import re
+import subprocess
+import sys
+import threading
+import weakref
+import zlib
+from pathlib import Path
+
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from rethook.buffer import native, tracefile
+from rethook.buffer.events import EventFormat, Lost
+from rethook.buffer.ring import TraceBuffer
+from rethook.buffer.tracefile import TraceReader, TraceWriter
+from rethook.tracers.formats import BUILTIN, FUNCGRAPH_ENTRY, builtin_registry
+
+cring = pytest.importorskip("rethook.buffer._cring",
+                            reason="rethook.buffer._cring is not built")
+if tracefile._tfenc is None or not hasattr(tracefile._tfenc, "encode_ring"):
+    pytest.skip("rethook.buffer._tfenc (with encode_ring) is not built", allow_module_level=True)
+_tfenc = tracefile._tfenc
+
+TID = 4242
+
+
+def f_alpha():
+    pass
+
+
+def f_beta():
+    pass
+
+
+def f_gamma():
+    pass
+
+
+def f_delta():
+    pass
+
+
+CODES = (f_alpha.__code__, f_beta.__code__, f_gamma.__code__, f_delta.__code__)
+
+
+def names(code):
+    return f"mod.{code.co_name}"
+
+
+def clashing(code):
+    """Two codes, one name: the string table must hold it once."""
+    return "mod.same" if code.co_name in ("f_gamma", "f_delta") else names(code)
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+
+def new_writer(batch: int = tracefile.DEFAULT_BATCH_EVENTS, strings: tuple = ()) -> TraceWriter:
+    w = TraceWriter(io.BytesIO(), {"test": True}, formats=builtin_registry(), batch_events=batch)
+    if strings:  # a table that already holds some names (written by Python-side events)
+        w.write_events([(FUNCGRAPH_ENTRY.id, i, TID, 0, s, "") for i, s in enumerate(strings)])
+    return w
+
+
+def fused(writer, ring, name_of=names, tid=TID):
+    return writer.write_native(ring, tid, name_of)
+
+
+def tuple_path(writer, ring, name_of=names, tid=TID):
+    return writer.write_events(native.consumed_items(ring.consume(tid, name_of), tid))
+
+
+def ring_state(ring):
+    return (ring.stats(), ring.head, ring.floor, ring.read_pos, ring.consumed, ring.refused,
+            ring.refused_unreported)
+
+
+def finish(writer) -> bytes:
+    writer.close()
+    return writer._file.getvalue()
+
+
+def read_back(data: bytes) -> list:
+    return list(TraceReader(io.BytesIO(data)).events(lost=True))
+
+
+def chunk_tags(data: bytes) -> list[bytes]:
+    return [tag for _, tag, _ in TraceReader(io.BytesIO(data))._chunks()]
+
+
+RECORD = st.tuples(
+    st.sampled_from([1, 2, 2, 3, 3, 4, 5]),  # record types, graph ones more often
+    st.integers(0, 3),  # code
+    st.one_of(st.none(), st.integers(0, 3)),  # parent (function records)
+    st.integers(-3, 40),  # depth (a function record's caller line)
+    st.integers(0, 5000),  # ts step
+    st.integers(0, 1 << 40),  # calltime
+    st.integers(-2, 1000),  # sleep
+    st.integers(0, 7),  # flags
+    st.integers(0, 2),  # overrun
+)
+
+
+def write_records(rings, records, ts0=0, unknown_every=0):
+    """Write the same records into each ring (Ring.write, as a native user would)."""
+    ts = ts0
+    for k, (rtype, code, parent, depth, step, calltime, sleep, flags, overrun) in enumerate(
+            records):
+        ts += step
+        if unknown_every and k % unknown_every == unknown_every - 1:
+            rtype = 42  # becomes a PRINT event: the tuple path takes the round
+        args = (rtype, ts, CODES[code], CODES[parent] if parent is not None else None,
+                depth, calltime, sleep, flags, overrun)
+        for ring in rings:
+            ring.write(*args)
+    return ts
+
+
+# -- write_native against the tuple path ----------------------------------------------------------
+
+
+_STEADY = [(2 + k % 2, k % 4, None, k % 5, 3, k, 0, 0, 0) for k in range(30)]
+_FUNCTIONS = [(1, k % 4, (k * 3) % 4 if k % 3 else None, k, 2, 0, 0, 0, 0) for k in range(30)]
+
+
+@settings(max_examples=250, deadline=None)
+@given(rounds=st.lists(st.lists(RECORD, max_size=80), min_size=1, max_size=4),
+       capacity=st.integers(1, 40), overwrite=st.booleans(), batch=st.integers(1, 30),
+       name_of=st.sampled_from([names, clashing]),
+       strings=st.sampled_from([(), ("mod.f_beta",), ("", "mod.same", "x")]),
+       unknown_every=st.sampled_from([0, 0, 0, 7]))
+# overflowing rings with a Lost before the records and batches smaller than the records
+@example(rounds=[_STEADY, _STEADY[:7]], capacity=12, overwrite=True, batch=5, name_of=names,
+         strings=(), unknown_every=0)
+@example(rounds=[_STEADY, _STEADY[:7]], capacity=12, overwrite=False, batch=1, name_of=names,
+         strings=(), unknown_every=0)
+@example(rounds=[_FUNCTIONS, _FUNCTIONS], capacity=25, overwrite=True, batch=4,
+         name_of=clashing, strings=("", "mod.same", "x"), unknown_every=0)
+@example(rounds=[_STEADY], capacity=40, overwrite=True, batch=8, name_of=names, strings=(),
+         unknown_every=7)
+def test_same_bytes_and_accounting_as_the_tuple_path(rounds, capacity, overwrite, batch,
+                                                     name_of, strings, unknown_every):
+    a, b = cring.Ring(capacity, TID), cring.Ring(capacity, TID)
+    a.overwrite = b.overwrite = overwrite
+    wa, wb = new_writer(batch, strings), new_writer(batch, strings)
+    ts = 0
+    for records in rounds:
+        ts = write_records((a, b), records, ts, unknown_every)
+        assert fused(wa, a, name_of) == tuple_path(wb, b, name_of)
+        assert ring_state(a) == ring_state(b)
+        assert wa._strings == wb._strings
+    assert finish(wa) == finish(wb)
+
+
+def test_lost_markers_where_the_tuple_path_puts_them():
+    # overwrite: the overwritten ones before the records
+    ring = cring.Ring(4, TID)
+    for ts in range(10):
+        ring.write(2, ts, CODES[0], None, 0, 0, 0, 0, 0)
+    w = new_writer()
+    assert fused(w, ring) == 4
+    items = read_back(finish(w))
+    assert items[0] == Lost(TID, 6)
+    assert [e[1] for e in items[1:]] == [6, 7, 8, 9]
+    assert ring.stats() == (0, 10, 6, 4)
+    # refusing: the refused ones after the records
+    ring = cring.Ring(3, TID)
+    ring.overwrite = False
+    for ts in range(5):
+        ring.write(3, ts, CODES[1], None, 1, ts - 1, 0, 0, 0)
+    w = new_writer()
+    assert fused(w, ring) == 3
+    assert fused(w, ring) == 0  # nothing more to report
+    items = read_back(finish(w))
+    assert [e[1] for e in items[:3]] == [0, 1, 2]
+    assert items[3:] == [Lost(TID, 2)]
+    assert ring.stats() == (0, 5, 2, 3)
+    # loss alone (the records were cut by a resize): a Lost marker, no events chunk
+    ring = cring.Ring(4, TID)
+    for ts in range(3):
+        ring.write(2, ts, CODES[2], None, 0, 0, 0, 0, 0)
+    ring.resize(1)
+    ring.on = False
+    ring.resize(2)
+    w = new_writer()
+    assert fused(w, ring) == 1
+    ring.on = True
+    data = finish(w)
+    assert read_back(data)[0] == Lost(TID, 2)
+
+
+@pytest.mark.parametrize("batch", [1, 2, 3, 7])
+def test_batches_split_as_write_events_splits(batch):
+    """A Lost before the records takes the first batch's first place (write_events slices
+    its items, Lost markers included): the chunks are the tuple path's chunks."""
+    a, b = cring.Ring(5, TID), cring.Ring(5, TID)
+    for ts in range(12):
+        for ring in (a, b):
+            ring.write(2 + ts % 2, ts, CODES[ts % 3], None, ts % 4, ts, 0, 0, 0)
+    wa, wb = new_writer(batch), new_writer(batch)
+    fused(wa, a)
+    tuple_path(wb, b)
+    da, db = finish(wa), finish(wb)
+    assert da == db
+    # 5 records after a Lost: batch - 1 of them in the first chunk, then batch a chunk
+    sizes = {1: [1] * 5, 2: [1, 2, 2], 3: [2, 3], 7: [5]}[batch]
+    tags = chunk_tags(da)
+    assert tags.count(tracefile.TAG_EVENTS) == len(sizes)
+    assert tags.index(tracefile.TAG_LOST) < tags.index(tracefile.TAG_EVENTS)
+
+
+def test_the_fused_path_makes_no_event_tuples():
+    """encode_ring returns chunks, not events, for records of the five native types."""
+    ring = cring.Ring(64, TID)
+    write_records((ring,), [(2, 0, None, 1, 5, 0, 0, 0, 0), (3, 0, None, 1, 5, 9, 0, 0, 0)] * 8)
+    new_strings: list[str] = []
+    lost_before, lost_after, batches, events = _tfenc.encode_ring(
+        ring, TID, names, {}, new_strings, 6)
+    assert (lost_before, lost_after, events) == (0, 0, None)
+    assert [len(b) for b in batches] == [4, 4, 4]
+    assert new_strings == ["mod.f_alpha", ""]
+    assert [b[3] for b in batches] == [2, 0, 0]  # the strings each batch defines
+    for payload, crc, fids, _ in batches:
+        head = tracefile._CHUNK_HEAD.pack(tracefile.TAG_EVENTS, len(payload))
+        assert crc == zlib.crc32(payload, zlib.crc32(head))
+        assert fids == (2, 3)
+
+
+def test_unknown_record_types_go_the_tuple_path():
+    a, b = cring.Ring(16, TID), cring.Ring(16, TID)
+    write_records((a, b), [(2, 0, None, 0, 1, 0, 0, 0, 0)] * 5, unknown_every=3)
+    wa, wb = new_writer(), new_writer()
+    assert fused(wa, a) == tuple_path(wb, b) == 5
+    data = finish(wa)
+    assert data == finish(wb)
+    assert [e[3] for e in read_back(data) if e[0] == 7] == [
+        "rethook: native record of unknown type 42"]
+
+
+def test_names_that_are_not_str_go_the_tuple_path():
+    class Name(str):
+        pass
+
+    def odd(code):
+        return Name(names(code)) if code is CODES[1] else names(code)
+
+    a, b = cring.Ring(16, TID), cring.Ring(16, TID)
+    write_records((a, b), [(2, k % 2, None, 0, 1, 0, 0, 0, 0) for k in range(6)])
+    wa, wb = new_writer(), new_writer()
+    assert fused(wa, a, odd) == tuple_path(wb, b, odd) == 6
+    assert finish(wa) == finish(wb)
+
+
+def test_a_failing_name_of_counts_the_records_lost_like_consume():
+    def failing(code):
+        if code is CODES[2]:
+            raise RuntimeError("no name")
+        return names(code)
+
+    a, b = cring.Ring(16, TID), cring.Ring(16, TID)
+    write_records((a, b), [(2, k % 3, None, 0, 1, 0, 0, 0, 0) for k in range(9)])
+    wa, wb = new_writer(), new_writer()
+    with pytest.raises(RuntimeError, match="no name"):
+        fused(wa, a, failing)
+    with pytest.raises(RuntimeError, match="no name"):
+        tuple_path(wb, b, failing)
+    assert ring_state(a) == ring_state(b)
+    assert a.stats() == (0, 9, 9, 0)
+    assert wa._strings == wb._strings
+    write_records((a, b), [(2, 0, None, 0, 1, 0, 0, 0, 0)] * 2)
+    assert fused(wa, a) == tuple_path(wb, b) == 2  # the next read reports the gap after
+    assert finish(wa) == finish(wb)
+
+
+def test_without_the_c_encoder_it_is_the_tuple_path(monkeypatch):
+    a, b = cring.Ring(8, TID), cring.Ring(8, TID)
+    write_records((a, b), [(3, k % 2, None, 1, 3, 2, 0, 4, 0) for k in range(12)])
+    wb = new_writer()
+    tuple_path(wb, b)
+    monkeypatch.setattr(tracefile, "_tfenc", None)
+    wa = new_writer()
+    assert fused(wa, a) == 8
+    assert finish(wa) == finish(wb)
+    assert ring_state(a) == ring_state(b)
+
+
+def test_other_layouts_for_the_native_ids_go_the_tuple_path():
+    formats = [f for f in BUILTIN if f.id != 2]
+    formats.append(EventFormat(2, "funcgraph_entry", (("depth", "s64"), ("func", "str"),
+                                                        ("args", "str"), ("more", "u64"))))
+    writer = TraceWriter(io.BytesIO(), formats=formats)
+    assert writer._native_encodable() is False
+    assert new_writer()._native_encodable() is True
+    ring = cring.Ring(4, TID)
+    write_records((ring,), [(3, 0, None, 1, 3, 2, 0, 4, 0)])
+    assert fused(writer, ring) == 1  # through write_events, with the writer's formats
+
+
+def test_references_are_released():
+    def refs():
+        return [sys.getrefcount(c) for c in CODES]
+
+    before = refs()
+    ring = cring.Ring(32, TID)
+    w = new_writer(5)
+    for _ in range(3):
+        write_records((ring,), [(1 + k % 5, k % 4, (k + 1) % 4, k, 3, 0, 0, 0, 0)
+                                for k in range(50)])
+        fused(w, ring)
+        assert refs() == before
+    write_records((ring,), [(2, 0, None, 0, 1, 0, 0, 0, 0), (9, 1, None, 0, 1, 0, 0, 0, 0)])
+    fused(w, ring)  # the tuple path, for the unknown type
+    assert refs() == before
+    write_records((ring,), [(2, 0, None, 0, 1, 0, 0, 0, 0)] * 3)
+    with pytest.raises(ZeroDivisionError):
+        fused(w, ring, lambda code: 1 / 0)
+    assert refs() == before
+
+
+def test_a_code_whose_last_reference_is_a_record_is_freed_after_the_read():
+    """Freeing a code runs Python code (weakref callbacks): only once every record is out
+    of the ring. A callback that writes into the ring lands in the next read."""
+    ring = cring.Ring(16, TID)
+    ns: dict = {}
+    exec("def ephemeral():\n    pass\n", ns)
+    code = ns.pop("ephemeral").__code__
+    fired = []
+
+    def gone(_ref):
+        fired.append(ring.head)
+        ring.write(2, 99, CODES[0], None, 0, 0, 0, 0, 0)
+
+    ref = weakref.ref(code, gone)
+    ring.write(2, 1, code, None, 0, 0, 0, 0, 0)
+    ring.write(3, 2, code, None, 0, 1, 0, 0, 0)
+    del code
+    gc.collect()
+    assert ref() is not None and not fired  # the ring keeps it
+    w = new_writer()
+    assert fused(w, ring) == 2
+    assert ref() is None and fired == [2]  # freed after the read, not during it
+    assert ring.stats() == (1, 3, 0, 2)
+    assert fused(w, ring) == 1
+    events = read_back(finish(w))
+    assert [(e[0], e[1], e[4]) for e in events] == [
+        (2, 1, "mod.ephemeral"), (3, 2, "mod.ephemeral"), (2, 99, "mod.f_alpha")]
+
+
+def test_name_of_writing_the_ring_meanwhile():
+    """name_of runs Python code, during which the program may write the ring: what it
+    writes before the records are taken is in this read (the tuple path, which names after
+    taking, has it in the next one); the file holds the same events in the same order."""
+    state = {"left": 1}
+
+    def make_writing(ring):
+        def name_of(code):
+            if state["left"]:
+                state["left"] -= 1
+                for ts in (1000, 1001):
+                    ring.write(2, ts, CODES[3], None, 5, 0, 0, 0, 0)
+            return names(code)
+        return name_of
+
+    files = []
+    for path in (fused, tuple_path):
+        state["left"] = 1
+        ring = cring.Ring(64, TID)
+        write_records((ring,), [(2, k % 3, None, 0, 1, 0, 0, 0, 0) for k in range(5)])
+        w = new_writer()
+        total = path(w, ring, make_writing(ring)) + path(w, ring, make_writing(ring))
+        assert total == 7 and ring.stats() == (0, 7, 0, 7)
+        files.append(read_back(finish(w)))
+    assert files[0] == files[1]
+    assert [e[1] for e in files[0]] == [1, 2, 3, 4, 5, 1000, 1001]
+
+
+@pytest.mark.parametrize("action", ["overwrite", "clear", "resize", "consume"])
+def test_name_of_changing_the_ring_meanwhile(action):
+    ring = cring.Ring(8, TID)
+    state = {"done": False}
+
+    def name_of(code):
+        if not state["done"]:
+            state["done"] = True
+            if action == "overwrite":
+                for ts in range(100, 106):
+                    ring.write(3, ts, CODES[1], None, 2, 99, 0, 0, 0)
+            elif action == "clear":
+                ring.clear()
+                ring.write(2, 200, CODES[2], None, 0, 0, 0, 0, 0)
+            elif action == "resize":
+                ring.resize(3)
+            else:
+                ring.consume()
+        return names(code)
+
+    write_records((ring,), [(2, 0, None, 0, 1, 0, 0, 0, 0)] * 6)
+    w = new_writer()
+    written = fused(w, ring, name_of)
+    entries, total, lost, read = ring.stats()
+    assert entries == 0 and total == read + lost
+    events = read_back(finish(w))
+    got = [e for e in events if not isinstance(e, Lost)]
+    assert len(got) == written
+    assert [e[1] for e in got] == sorted(e[1] for e in got)
+    expected = {"overwrite": [5, 6, 100, 101, 102, 103, 104, 105], "clear": [200],
+                "resize": [4, 5, 6], "consume": []}[action]
+    assert [e[1] for e in got] == expected
+    if action in ("overwrite", "resize"):
+        assert sum(e.count for e in events if isinstance(e, Lost)) == lost
+
+
+def test_reentrant_calls():
+    """name_of may drain another ring (Python code): the inner call has its own scratch."""
+    inner, inner_twin = cring.Ring(16, 7), cring.Ring(16, 7)
+    write_records((inner, inner_twin), [(3, 1, None, 1, 2, 1, 0, 0, 0)] * 10)
+    w_inner = new_writer()
+
+    def name_of(code):
+        if inner.head != inner.floor:
+            fused(w_inner, inner, names, 7)
+        return names(code)
+
+    a, b = cring.Ring(16, TID), cring.Ring(16, TID)
+    write_records((a, b), [(2, 2, None, 0, 2, 0, 0, 0, 0)] * 10)
+    wa, wb, wt = new_writer(), new_writer(), new_writer()
+    fused(wa, a, name_of)
+    tuple_path(wb, b)
+    tuple_path(wt, inner_twin, names, 7)
+    assert finish(wa) == finish(wb)
+    assert finish(w_inner) == finish(wt)
+
+
+def test_prepared_writer_writes_the_same():
+    a, b = cring.Ring(128, TID), cring.Ring(128, TID)
+    write_records((a, b), [(2 + k % 2, k % 4, None, k % 9, 7, k, 0, 0, 0) for k in range(100)])
+    wa, wb = new_writer(16), new_writer(16)
+    wa.prepare_native(128)
+    assert len(wa._out) >= 128 * tracefile._OUT_BYTES_PER_RECORD  # not an unbuffered file
+    fused(wa, a)
+    tuple_path(wb, b)
+    assert finish(wa) == finish(wb)
+
+
+@pytest.mark.parametrize("short_writes", [False, True])
+def test_unbuffered_files_get_one_writev(tmp_path, monkeypatch, short_writes):
+    """To an unbuffered file (the recorder's) the chunks of a call go in one os.writev,
+    uncopied; a short write is carried on where it stopped."""
+    calls = []
+    real = os.writev
+
+    def writev(fd, parts):
+        calls.append(len(parts))
+        if not short_writes:
+            return real(fd, parts)
+        return os.write(fd, b"".join(parts)[:7])  # at most 7 bytes a call
+
+    a, b = cring.Ring(64, TID), cring.Ring(64, TID)
+    write_records((a, b), [(2 + k % 2, k % 3, None, k % 6, 5, k, 0, 0, 0) for k in range(80)])
+    paths = (tmp_path / "fused.dat", tmp_path / "tuple.dat")
+    wa = TraceWriter(open(paths[0], "wb", buffering=0), formats=builtin_registry(),
+                     batch_events=20)
+    wb = TraceWriter(open(paths[1], "wb", buffering=0), formats=builtin_registry(),
+                     batch_events=20)
+    assert wa._writev
+    monkeypatch.setattr(tracefile.os, "writev", writev)
+    fused(wa, a)
+    monkeypatch.undo()
+    tuple_path(wb, b)
+    for w in (wa, wb):
+        w.close()
+        w._file.close()
+    assert paths[0].read_bytes() == paths[1].read_bytes()
+    assert len(calls) == 1 if not short_writes else len(calls) > 10
+
+
+@given(data=st.binary(max_size=3000), value=st.integers(0, (1 << 32) - 1))
+def test_crc32_is_zlibs(data, value):
+    assert _tfenc.crc32(data) == zlib.crc32(data)
+    assert _tfenc.crc32(data, value) == zlib.crc32(data, value)
+    assert _tfenc.crc32(memoryview(data)[1:]) == zlib.crc32(data[1:])
+
+
+def test_bad_arguments():
+    ring = cring.Ring(4, TID)
+    with pytest.raises(TypeError):
+        _tfenc.encode_ring(ring, TID, names, {}, [])
+    with pytest.raises(TypeError):
+        _tfenc.encode_ring(object(), TID, names, {}, [], 4)
+    with pytest.raises(TypeError):
+        _tfenc.encode_ring(ring, TID, names, [], [], 4)
+    with pytest.raises(ValueError):
+        _tfenc.encode_ring(ring, TID, names, {}, [], 0)
+    with pytest.raises(ValueError):
+        _tfenc.reserve(-1, 4)
+    assert _tfenc.encode_ring(ring, TID, names, {}, [], 4) == (0, 0, [], None)
+
+
+# -- rounds through the pipe -------------------------------------------------------------------
+
+
+class Twins:
+    """Two TraceBuffers getting the same writes: one drained with read_or_feed into a writer
+    (the fused path where a round allows it), the other with read + write_events."""
+
+    def __init__(self, size_kb: int, overwrite: bool) -> None:
+        self.bufs = (TraceBuffer(size_kb, overwrite), TraceBuffer(size_kb, overwrite))
+        self.writers = (new_writer(7), new_writer(7))
+        self.pipes = tuple(tb.pipe() for tb in self.bufs)
+        self.fed = 0
+        self.main = tuple(tb.native_local(names) for tb in self.bufs)
+        self.other = self._rings_of_another_thread()
+        self.ts = 0
+
+    def _rings_of_another_thread(self):
+        out = []
+        t = threading.Thread(target=lambda: out.extend(tb.native_local(names)
+                                                        for tb in self.bufs))
+        t.start()
+        t.join()
+        return tuple(out)
+
+    def native(self, records, other: bool = False) -> None:
+        self.ts = write_records(self.other if other else self.main, records, self.ts)
+
+    def python(self, count: int) -> None:
+        for _ in range(count):
+            self.ts += 3
+            for tb in self.bufs:
+                buf = tb.local()
+                buf.append((2, self.ts, buf.tid, 0, "py.func", ""))
+
+    def round(self) -> None:
+        def feed(ring, tid, name_of):
+            self.fed += 1
+            self.writers[0].write_native(ring, tid, name_of)
+
+        items = self.pipes[0].read_or_feed(0, feed)
+        if items:
+            self.writers[0].write_events(items)
+        self.writers[1].write_events(self.pipes[1].read(0))
+
+    def check(self) -> None:
+        assert self.bufs[0].stats() == self.bufs[1].stats()
+        assert finish(self.writers[0]) == finish(self.writers[1])
+
+
+OPS = st.lists(st.one_of(
+    st.tuples(st.just("native"), st.lists(RECORD, max_size=40)),
+    st.tuples(st.just("other"), st.lists(RECORD, max_size=20)),
+    st.tuples(st.just("python"), st.integers(1, 5)),
+    st.tuples(st.just("round")),
+), max_size=14)
+
+
+@settings(max_examples=120, deadline=None)
+@given(ops=OPS, size_kb=st.integers(1, 3), overwrite=st.booleans())
+def test_pipe_rounds_write_what_the_tuple_path_writes(ops, size_kb, overwrite):
+    twins = Twins(size_kb, overwrite)
+    for op in ops:
+        if op[0] in ("native", "other"):
+            twins.native(op[1], other=op[0] == "other")
+        elif op[0] == "python":
+            twins.python(op[1])
+        else:
+            twins.round()
+    twins.round()
+    twins.check()
+
+
+def test_which_rounds_are_fused():
+    twins = Twins(4, True)
+    record = (2, 0, None, 1, 3, 0, 0, 0, 0)
+    twins.native([record] * 5)
+    twins.round()  # one thread's native records only
+    assert twins.fed == 1
+    twins.native([record] * 5)
+    twins.python(2)
+    twins.round()  # Python events too: the tuple path, merged by time
+    assert twins.fed == 1
+    twins.native([record] * 3)
+    twins.native([record] * 3, other=True)
+    twins.round()  # two threads: merged by time
+    assert twins.fed == 1
+    twins.native([record] * 3, other=True)
+    twins.round()  # the other thread alone
+    assert twins.fed == 2
+    twins.round()  # nothing
+    assert twins.fed == 2
+    twins.check()
+
+
+# -- rethook record ----------------------------------------------------------------------------
+
+PROGRAMS = Path(__file__).parent / "cli_programs"
+
+# Counts the fused rounds of a recording (write_native calls), then runs the CLI. Nothing of
+# it is in __main__ (the recording's default filter) and it reports after main() returns.
+_RECORD = """
+import sys
+ns = {"__name__": "_fused_count"}
+exec('''
+from rethook.buffer import tracefile
+calls = []
+real = tracefile.TraceWriter.write_native
+def counting(self, *args):
+    calls.append(1)
+    return real(self, *args)
+tracefile.TraceWriter.write_native = counting
+''', ns)
+from rethook.cli.main import main
+sys.argv = ["rethook", *sys.argv[1:]]
+try:
+    main()
+finally:
+    sys.stderr.write(f"fused rounds: {len(ns['calls'])}\\n")
+"""
+
+SUMMARY = re.compile(r"^rethook: ([\d,]+) events \(([\d,]+) lost\)", re.M)
+
+
+def _cli_skip() -> None:
+    from rethook.tracers import native as native_users
+
+    if native_users._native is None:
+        pytest.skip("the native users are not built")
+    if os.environ.get("RETHOOK_ENGINE") == "python":
+        pytest.skip("native users run on the C core only")
+
+
+def _env(fused_drain: bool) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONWARNINGS")}
+    env["RETHOOK_FUSED_DRAIN"] = "1" if fused_drain else "0"
+    return env
+
+
+def record(tmp_path: Path, program: str, *flags: str, fused_drain: bool, name: str = "t.dat",
+           cwd: Path = PROGRAMS):
+    out = tmp_path / name
+    r = subprocess.run([sys.executable, "-c", _RECORD, "record", "-o", str(out), *flags,
+                        program], cwd=cwd, env=_env(fused_drain), capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    events, lost = (int(n.replace(",", "")) for n in SUMMARY.search(r.stderr).groups())
+    rounds = int(re.search(r"fused rounds: (\d+)", r.stderr).group(1))
+    with TraceReader(out) as reader:
+        items = list(reader.events(lost=True))
+        stats = reader.stats
+        threads = reader.threads
+    return items, events, lost, rounds, stats, threads
+
+
+def shape(item) -> tuple:
+    """An event without what differs between two runs: timestamps, thread ids, durations."""
+    if isinstance(item, Lost):
+        return ("lost", item.count)
+    fid = item[0]
+    if fid == 3:  # funcgraph_exit: depth, func, overrun, flags, retval
+        return (fid, item[3], item[4], item[6], item[8], item[9])
+    return (fid, *item[3:])
+
+
+FIB = "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n\n\nprint(fib({n}))\n"
+
+
+def test_record_fused_and_tuple_paths_read_back_alike(tmp_path):
+    _cli_skip()
+    prog = tmp_path / "fibprog.py"
+    prog.write_text(FIB.format(n=18))  # 8361 calls: the default buffer holds them all
+    runs = {}
+    for fused_drain in (True, False):
+        runs[fused_drain] = record(tmp_path, str(prog), fused_drain=fused_drain,
+                                   name=f"{fused_drain}.dat")
+    (fa, ea, la, ra, sa, _), (fb, eb, lb, rb, sb, _) = runs[True], runs[False]
+    assert ra >= 1 and rb == 0  # the switch picks the path
+    assert la == lb == 0 and ea == eb == 2 * 8361
+    assert [shape(i) for i in fa] == [shape(i) for i in fb]
+    assert [e[1] for e in fa] == sorted(e[1] for e in fa)
+    (tid_a, counts_a), = sa.items()
+    (tid_b, counts_b), = sb.items()
+    assert counts_a == counts_b == {"entries": 0, "written": 2 * 8361, "lost": 0,
+                                    "read": 2 * 8361}
+
+
+@pytest.mark.parametrize("overwrite", [True, False], ids=["overwrite", "nooverwrite"])
+def test_record_overflow_is_counted_and_marked(tmp_path, overwrite):
+    """A tiny ring overflows: where depends on timing, so each path is held to the
+    accounting -- every event is in the file or counted lost, the file's Lost markers add up
+    to the count -- rather than to the other."""
+    _cli_skip()
+    prog = tmp_path / "many.py"
+    prog.write_text("def work(i):\n    return i\n\n\nfor i in range(30000):\n    work(i)\n")
+    flags = ("-b", "8") if overwrite else ("-b", "8", "-O", "nooverwrite")
+    for fused_drain in (True, False):
+        items, events, lost, rounds, stats, _ = record(tmp_path, str(prog), *flags,
+                                                       fused_drain=fused_drain)
+        assert events + lost == 60000
+        assert lost > 0  # 8 KB: ~146 records, while the drain sleeps between rounds
+        assert sum(i.count for i in items if isinstance(i, Lost)) == lost
+        assert sum(1 for i in items if not isinstance(i, Lost)) == events
+        (counts,) = stats.values()
+        assert counts["written"] == 60000 and counts["lost"] == lost
+        assert counts["read"] == events
+        assert (rounds >= 1) == fused_drain
+
+
+def test_record_fib25_accounting(tmp_path):
+    """The example of the fused drain's design: fib(25) under the default buffer. Whether
+    anything is lost depends on the machine's load, so what is held is the accounting."""
+    _cli_skip()
+    prog = tmp_path / "fibprog.py"
+    prog.write_text(FIB.format(n=25))
+    items, events, lost, rounds, stats, _ = record(tmp_path, str(prog), fused_drain=True)
+    assert rounds >= 1
+    assert events + lost == 2 * 242785
+    assert sum(i.count for i in items if isinstance(i, Lost)) == lost
+    (counts,) = stats.values()
+    assert counts == {"entries": 0, "written": 2 * 242785, "lost": lost, "read": events}
+
+
+@pytest.mark.parametrize("flags", [
+    (),
+    ("-e", "p:cli/inc helper.inc x", "-l", "helper.*", "-l", "__main__.*"),
+    ("-O", "funcgraph-retval"),
+    ("-p", "function"),
+], ids=["graph", "probe", "retval-python-user", "function"])
+def test_record_mixed_programs_alike(tmp_path, flags):
+    """Python-side events (a probe, the Python user of funcgraph-retval) and function
+    records: rounds with Python events go the tuple path, the file is the same either way."""
+    _cli_skip()
+    got = {}
+    for fused_drain in (True, False):
+        items, events, lost, rounds, _, _ = record(tmp_path, "golden.py", *flags,
+                                                   fused_drain=fused_drain,
+                                                   name=f"{fused_drain}.dat")
+        assert lost == 0 and events == len(items)
+        got[fused_drain] = [shape(i) for i in items]
+    assert got[True] == got[False]
+    assert len(got[True]) > 10
+
+
+def test_record_threads_alike(tmp_path):
+    _cli_skip()
+    got = {}
+    for fused_drain in (True, False):
+        items, events, lost, _, stats, threads = record(
+            tmp_path, "threads_prog.py", "-l", "square", "-l", "worker",
+            fused_drain=fused_drain, name=f"{fused_drain}.dat")
+        assert lost == 0 and events == len(items) == 2 * 13
+        for tid in {e[2] for e in items}:  # each thread's events in order
+            ts = [e[1] for e in items if e[2] == tid]
+            assert ts == sorted(ts)
+        got[fused_drain] = sorted(map(shape, items))  # which pool thread ran what varies
+        assert len(threads) >= 3 and sum(s["read"] for s in stats.values()) == events
+    assert got[True] == got[False]
+
+
+def test_record_definitions_alike(tmp_path):
+    """The file format is unchanged: the same formats, string table and META keys as the
+    tuple path writes."""
+    _cli_skip()
+    prog = tmp_path / "fibprog.py"
+    prog.write_text(FIB.format(n=12))
+    got = []
+    for fused_drain in (True, False):
+        record(tmp_path, str(prog), fused_drain=fused_drain, name=f"{fused_drain}.dat")
+        with TraceReader(tmp_path / f"{fused_drain}.dat") as reader:
+            assert reader.damage is None
+            got.append((reader.version, sorted(reader.all_meta), list(reader.formats),
+                        reader._done.strings, [tag for _, tag, _ in reader._chunks()][:4]))
+    assert got[0] == got[1]
+    assert got[0][3] == ["__main__.fib", ""]
