@@ -897,29 +897,24 @@ class TracePipe:
     def read(self, timeout: float | None = None) -> list[Event | Lost]:
         """Consume what is there, waiting up to ``timeout`` seconds (None: forever) for
         something to arrive. Returns [] on timeout or when the pipe is closed."""
-        buffer = self._buffer
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not self._closed:
-            items = buffer._consume_all()
-            if items:
-                return items
-            wait = buffer._poll_seconds
-            if deadline is not None:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                wait = min(wait, remaining)
-            buffer._wait(wait)
-        return []
+        items = self._poll(self._buffer._consume_all, timeout)
+        assert items is not None
+        return items
 
     def read_or_feed(self, timeout: float | None, feed: NativeFeed) -> list[Event | Lost] | None:
         """:meth:`read`, except that a round holding nothing but one thread's native records
         goes to ``feed(ring, tid, name_of)``, which consumes the ring (a trace writer's
         ``write_native``): then it returns None at once. [] on timeout or close."""
+        return self._poll(lambda: self._buffer._consume_or_feed(feed), timeout)
+
+    def _poll(self, consume: Callable[[], list[Event | Lost] | None],
+              timeout: float | None) -> list[Event | Lost] | None:
+        """Call ``consume`` until it gives something (items, or None: fed), the timeout
+        passes or the pipe is closed ([])."""
         buffer = self._buffer
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self._closed:
-            items = buffer._consume_or_feed(feed)
+            items = consume()
             if items is None or items:
                 return items
             wait = buffer._poll_seconds
