@@ -431,6 +431,17 @@ as_call(NUser *u, PyObject *data)
     return (NCall *)data;
 }
 
+/* The preamble of the handlers that get entry data: nargs arguments, the NCall in args[3]. */
+static inline NCall *
+call_arg(NUser *u, const char *what, PyObject *const *args, Py_ssize_t nargs, Py_ssize_t want)
+{
+    if (nargs != want) {
+        bad_args(what, nargs, want);
+        return NULL;
+    }
+    return as_call(u, args[3]);
+}
+
 /* id(code) in a dict keyed by ids (code objects compare by value, so never a set of them). */
 static int
 in_selection(PyObject *dict, PyObject *code)
@@ -515,9 +526,10 @@ graph_admit(NUser *u, TState *st, PyObject *code, int *kind)
     return 1;
 }
 
-/* A taken call enters the graph at depth *d: the nesting counters and its entry record. */
+/* A call enters the graph on this thread at depth *d (taken, or resumed: type says which
+ * record it writes): the nesting counters and its record. */
 static inline void
-graph_enter(NUser *u, TState *st, PyObject *code, int64_t t, int kind, long *d)
+graph_enter(NUser *u, TState *st, PyObject *code, int64_t t, int kind, long *d, int type)
 {
     if (kind == CALL_NOTRACE) {
         st->notrace++;
@@ -528,7 +540,7 @@ graph_enter(NUser *u, TState *st, PyObject *code, int64_t t, int kind, long *d)
         st->graph++;
     st->depth = *d + 1;
     if (!u->thresh)
-        put(st->ring, RH_FUNCGRAPH_ENTRY, t, code, *d);
+        put(st->ring, type, t, code, *d);
 }
 
 /* function_graph: entryfunc(code, frame, depth, t) -> NCall or None */
@@ -552,7 +564,7 @@ graph_entry(NUser *u, PyObject *const *args, Py_ssize_t nargs)
     if (c == NULL)
         return NULL;
     c->kind = kind;
-    graph_enter(u, st, code, t, kind, &c->d);
+    graph_enter(u, st, code, t, kind, &c->d, RH_FUNCGRAPH_ENTRY);
     return (PyObject *)c;
 }
 
@@ -642,7 +654,7 @@ direct_entry(void *self, PyThreadState *tstate, PyObject *code, int64_t t)
         return r;
     if (dstack_push(st, c) < 0)
         return -1;
-    graph_enter(u, st, code, t, c.kind, &st->dstack[st->ndstack - 1].d);
+    graph_enter(u, st, code, t, c.kind, &st->dstack[st->ndstack - 1].d, RH_FUNCGRAPH_ENTRY);
     return 1;
 }
 
@@ -726,9 +738,7 @@ graph_return(NUser *u, PyObject *const *args, Py_ssize_t nargs)
 static PyObject *
 graph_suspend(NUser *u, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 5 && bad_args("suspendfunc", nargs, 5))
-        return NULL;
-    NCall *c = as_call(u, args[3]);
+    NCall *c = call_arg(u, "suspendfunc", args, nargs, 5);
     if (c == NULL)
         return NULL;
     TState *st = c->st;
@@ -746,28 +756,17 @@ graph_suspend(NUser *u, PyObject *const *args, Py_ssize_t nargs)
 static PyObject *
 graph_resume(NUser *u, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 5 && bad_args("resumefunc", nargs, 5))
-        return NULL;
-    NCall *c = as_call(u, args[3]);
+    NCall *c = call_arg(u, "resumefunc", args, nargs, 5);
     if (c == NULL)
+        return NULL;
+    int64_t t;
+    if (as_i64(args[4], &t) < 0)
         return NULL;
     TState *st = tstate_of(u);
     if (st == NULL)
         return NULL;
     c->st = st;
-    if (c->kind == CALL_NOTRACE) {
-        st->notrace++;
-        Py_RETURN_NONE;
-    }
-    if (c->kind == CALL_ROOT)
-        st->graph++;
-    c->d = st->depth;
-    st->depth = c->d + 1;
-    int64_t t;
-    if (as_i64(args[4], &t) < 0)
-        return NULL;
-    if (!u->thresh)
-        put(st->ring, RH_FUNCGRAPH_RESUME, t, args[0], c->d);
+    graph_enter(u, st, args[0], t, c->kind, &c->d, RH_FUNCGRAPH_RESUME);
     Py_RETURN_NONE;
 }
 
@@ -799,9 +798,7 @@ prof_entry(NUser *u, PyObject *const *args, Py_ssize_t nargs)
 static PyObject *
 prof_resume(NUser *u, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 5 && bad_args("resumefunc", nargs, 5))
-        return NULL;
-    NCall *c = as_call(u, args[3]);
+    NCall *c = call_arg(u, "resumefunc", args, nargs, 5);
     if (c == NULL)
         return NULL;
     TState *st = tstate_of(u);
@@ -823,9 +820,7 @@ prof_resume(NUser *u, PyObject *const *args, Py_ssize_t nargs)
 static PyObject *
 prof_suspend(NUser *u, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 5 && bad_args("suspendfunc", nargs, 5))
-        return NULL;
-    NCall *c = as_call(u, args[3]);
+    NCall *c = call_arg(u, "suspendfunc", args, nargs, 5);
     if (c == NULL)
         return NULL;
     if (c->in_stack)
@@ -837,9 +832,7 @@ prof_suspend(NUser *u, PyObject *const *args, Py_ssize_t nargs)
 static PyObject *
 prof_return(NUser *u, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 10 && bad_args("retfunc", nargs, 10))
-        return NULL;
-    NCall *c = as_call(u, args[3]);
+    NCall *c = call_arg(u, "retfunc", args, nargs, 10);
     if (c == NULL)
         return NULL;
     int64_t t0, t1, sleep;
