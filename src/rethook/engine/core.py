@@ -276,7 +276,7 @@ def deliver(rec: list | tuple, depth: int, retval: Any, exc: BaseException | Non
     ``ts`` is the thread the call ran in (default: the calling thread's), for direct entries.
     """
     if len(rec) == DIRECT_LEN:
-        _deliver_direct(rec, depth, retval, exc, t, flags, ts or _local.ts)
+        deliver_direct(rec, depth, retval, exc, t, flags, ts or _local.ts)
         return
     if len(rec) <= REC_HEADER:
         return  # a marker, or a record whose claims were all swept
@@ -308,7 +308,7 @@ def deliver(rec: list | tuple, depth: int, retval: Any, exc: BaseException | Non
         raise pending
 
 
-def _deliver_direct(entry: tuple, depth: int, retval: Any, exc: BaseException | None, t: int,
+def deliver_direct(entry: tuple, depth: int, retval: Any, exc: BaseException | None, t: int,
                     flags: int, ts: ThreadState) -> None:
     """A direct entry's return, delivered from Python: its user's retfunc with the call's
     ThreadState as entry data (engine/fgraph_direct.h)."""

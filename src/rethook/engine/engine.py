@@ -588,12 +588,12 @@ class Engine:
                 if fn is None:  # no return handler, or an entry its user discarded
                     continue
                 self._unfinished_deliveries += 1
+                if len(rec) == DIRECT_LEN:  # a direct entry: its data is the call's thread
+                    _core.deliver_direct(rec, depth, None, None, t, FLAG_UNFINISHED, data)
+                    continue
                 try:
-                    if len(rec) == DIRECT_LEN:  # a direct entry: the user keeps t0 and sleep
-                        fn(rec[0], None, depth, data, None, None, 0, t, 0, FLAG_UNFINISHED)
-                    else:
-                        fn(rec[REC_CODE], rec[REC_FRAME], depth, data, None, None, rec[REC_TIME],
-                           t if rec[REC_TIME] else 0, rec[REC_SLEEP], FLAG_UNFINISHED)
+                    fn(rec[REC_CODE], rec[REC_FRAME], depth, data, None, None, rec[REC_TIME],
+                       t if rec[REC_TIME] else 0, rec[REC_SLEEP], FLAG_UNFINISHED)
                 except Exception as e:
                     self.core.handler_failed(reg, e)
         finally:
