@@ -802,10 +802,7 @@ class TraceBuffer:
     def _consume_all(self) -> list[Event | Lost]:
         with self._pipe_lock:
             batches = [batch for buf in self.buffers() if (batch := buf._consume())]
-        if len(batches) <= 1:  # one thread: already in order
-            return batches[0] if batches else []
-        keyed = [_keyed_by_time(batch) for batch in batches]
-        return [item for _, item in heapq.merge(*keyed, key=itemgetter(0))]
+        return _merge_threads(batches)
 
     def _consume_or_feed(self, feed: NativeFeed) -> list[Event | Lost] | None:
         """:meth:`_consume_all`, except that a round whose only content is one thread's
@@ -829,10 +826,7 @@ class TraceBuffer:
                     return None
             batches = [batch for buf, items in zip(buffers, python, strict=True)
                        if (batch := buf._consume_native(items))]
-        if len(batches) <= 1:
-            return batches[0] if batches else []
-        keyed = [_keyed_by_time(batch) for batch in batches]
-        return [item for _, item in heapq.merge(*keyed, key=itemgetter(0))]
+        return _merge_threads(batches)
 
     def _wake(self) -> None:
         with self._cond:
@@ -856,6 +850,14 @@ def _native_pending(ring: Any) -> bool:
     """Whether a consuming read of a C ring would return anything: records, or loss to
     report (overwritten or refused since the last read)."""
     return ring.head != ring.read_pos or ring.refused_unreported != 0
+
+
+def _merge_threads(batches: list[list[Event | Lost]]) -> list[Event | Lost]:
+    """One round's non-empty per-thread batches as one list, by timestamp."""
+    if len(batches) <= 1:  # one thread: already in order
+        return batches[0] if batches else []
+    keyed = [_keyed_by_time(batch) for batch in batches]
+    return [item for _, item in heapq.merge(*keyed, key=itemgetter(0))]
 
 
 def _keyed_by_time(items: list[Event | Lost]) -> list[tuple[int, Event | Lost]]:
