@@ -8,7 +8,6 @@ shadow stack) and with the Python user. The traces must be the same line for lin
 timestamps and durations are normalised, and the program must run the same under both.
 """
 
-import asyncio
 import gc
 import sys
 
@@ -16,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from propgen import programs
-from propgen.harness import Runner, _quiet, bind, load
+from propgen.harness import Runner, bind, load, run_entry
 from rethook.control import Tracefs
 from rethook.tracers import native
 from rethook.tracers.function_graph import GraphOps, NativeGraphOps
@@ -51,15 +50,7 @@ def traced_run(program, native_users: bool, graph_function: str = ""):
             fs.write("set_graph_function", f"{name}.{graph_function}")
         fs.write("current_tracer", "function_graph")
         user = type(fs.tracer.ops)
-        entry = getattr(mod, program.entry)
-        top = None
-        try:
-            if program.is_async:
-                asyncio.run(_quiet(entry(cids.__next__(), program.depth)))
-            else:
-                entry(cids.__next__(), program.depth)
-        except Exception as e:  # the program's own exception
-            top = type(e).__name__
+        top = run_entry(mod, program, cids)
         keep.clear()  # kept generators are dropped here, while tracing is on
         tasks.clear()
         fs.write("tracing_on", "0")

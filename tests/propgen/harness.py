@@ -419,6 +419,20 @@ def bind(mod: Any, runner: Runner, log: list, keep: list, tasks: list) -> Any:
     return cids
 
 
+def run_entry(mod: Any, program: Program, cids: Any) -> str | None:
+    """Call the program's entry point (on an event loop if it is async); the name of the
+    exception it ended with, its own business, or None."""
+    entry = getattr(mod, program.entry)
+    try:
+        if program.is_async:
+            asyncio.run(_quiet(entry(cids.__next__(), program.depth)))
+        else:
+            entry(cids.__next__(), program.depth)
+    except Exception as e:  # the program's own exception
+        return type(e).__name__
+    return None
+
+
 def run(program: Program, specs: list[UserSpec], actions: tuple[Action, ...]) -> Outcome:
     """Import the program, register the initial users, run it with the live steps, tear down.
 
@@ -459,15 +473,7 @@ def run(program: Program, specs: list[UserSpec], actions: tuple[Action, ...]) ->
                 if u.spec.registered:
                     runner.register(u)
 
-            entry = getattr(mod, program.entry)
-            try:
-                if program.is_async:
-                    asyncio.run(_quiet(entry(cids.__next__(), program.depth)))
-                else:
-                    entry(cids.__next__(), program.depth)
-            except Exception as e:  # the program's own exception
-                out.top = type(e).__name__
-                del e
+            out.top = run_entry(mod, program, cids)
             log.append(("end",))
             runner.live = False  # the teardown below is the harness', not the program's
             runner.by = None
