@@ -2,7 +2,8 @@
 # One entry point for working on rethook.
 #
 #   ./dev.sh demo            set up .venv (if needed), record and show a trace of a bundled example
-#   ./dev.sh test [ARGS]     set up .venv (if needed) and run the whole test suite (ARGS go to pytest)
+#   ./dev.sh test [ARGS]     set up .venv (if needed) and run the whole test suite on every core
+#                            (ARGS go to pytest; RETHOOK_TEST_JOBS=N sets the number of workers)
 #   ./dev.sh setup           only set up .venv
 #   ./dev.sh bench           run the benchmarks in bench/
 #
@@ -91,7 +92,8 @@ case "$cmd" in
         exec "$venv/bin/python" -m rethook demo "$@" ;;
     test)
         setup
-        exec "$venv/bin/python" -m pytest "$@" ;;
+        # One worker per core (pytest-xdist); RETHOOK_TEST_JOBS=0 runs in this process.
+        exec "$venv/bin/python" -m pytest -n "${RETHOOK_TEST_JOBS:-auto}" "$@" ;;
     bench)
         setup
         for b in bench/bench_*.py; do "$venv/bin/python" "$b" "$@"; done ;;
@@ -99,6 +101,6 @@ case "$cmd" in
         setup
         "$venv/bin/python" -m ruff check src tests bench ;;
     *)
-        sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'
+        sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'
         [ "$cmd" = help ] || exit 2 ;;
 esac
