@@ -29,7 +29,8 @@ setup(
         Extension("rethook.tracers._native", sources=["src/rethook/tracers/_native.c"],
                   include_dirs=["src/rethook/buffer", "src/rethook/engine"],
                   depends=["src/rethook/buffer/cring.h", "src/rethook/engine/clock.h",
-                           "src/rethook/engine/fgraph_direct.h"],
+                           "src/rethook/engine/fgraph_direct.h",
+                           "src/rethook/engine/pyframe.h"],
                   optional=True),
     ],
 )

@@ -126,8 +126,24 @@ def test_tracing_thresh_records_only_slow_exits(on_c_core):
         "} /* programs.shapes.slow */", "} /* programs.shapes.mixed */"]
 
 
-def test_function_tracer_native_equals_python(on_c_core):
-    got, want, *_ = both(recursion_program, tracer="function")
+def callers_program():
+    """Calls of hooked functions from every kind of caller: a function, a builtin (no Python
+    frame between), a comprehension, a lambda, a generator, a coroutine and this module."""
+    recursion_program()
+    shapes_program()
+    sorted(range(5), key=shapes.leaf)
+    list(map(shapes.middle, range(3)))
+    [shapes.leaf(i) for i in range(3)]
+    (lambda: shapes.top(1))()
+    generators_program()
+
+
+@pytest.mark.parametrize("settings", [{}, {"trace_options": "sym-offset"}],
+                         ids=["default", "sym-offset"])
+def test_function_tracer_native_equals_python(on_c_core, settings):
+    """The native function user reads the caller from the interpreter's frames
+    (engine/pyframe.h), the Python user from frame.f_back: same callers, same lines."""
+    got, want, *_ = both(callers_program, tracer="function", settings=settings)
     assert len(want) > 100
     assert got == want
 

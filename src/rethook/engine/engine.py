@@ -128,7 +128,12 @@ class FtraceOps(_Ops):
 
     ``frame`` is the called function's frame, so ``frame.f_back`` is the caller (the kernel's
     ``parent_ip``) and ``frame.f_locals`` holds the arguments. Pass ``func`` or override it.
+    A user that needs no frame sets ``wants_frame`` to ``False``: where every user of a
+    function says so, ``frame`` is ``None`` (a native user reads the caller from the
+    interpreter's own frames, engine/pyframe.h).
     """
+
+    wants_frame = True
 
     def __init__(self, func: Callable[[CodeType, FrameType], Any] | None = None, *,
                  filter: Iterable[str] | str = (), notrace: Iterable[str] | str = (),
@@ -431,7 +436,7 @@ class Engine:
             entry = tuple(entry_users.get(key, ()))
             graph = tuple(graph_users.get(key, ()))
             flags = GENERATOR | WANT_FRAME if code.co_flags & SUSPENDING else 0
-            if entry or any(r.ops.wants_frame for r in graph):
+            if any(e.ops.wants_frame for e in entry) or any(r.ops.wants_frame for r in graph):
                 flags |= WANT_FRAME
             if any(r.ops.wants_time for r in graph):
                 flags |= WANT_TIME
@@ -452,7 +457,8 @@ class Engine:
         entry = dispatch[0] if dispatch else ()
         if code.co_flags & SUSPENDING:
             return (entry, (), GENERATOR | WANT_FRAME, None, None)
-        return (entry, (), WANT_FRAME if entry else 0, (code,), None)
+        frame = WANT_FRAME if any(e.ops.wants_frame for e in entry) else 0
+        return (entry, (), frame, (code,), None)
 
     def _publish(self, table: dict[int, tuple]) -> None:
         self._table = table

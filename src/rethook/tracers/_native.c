@@ -36,6 +36,7 @@
 
 #include "cring.h"
 #include "fgraph_direct.h"
+#include "pyframe.h"
 
 #ifdef Py_GIL_DISABLED
 #error "rethook's native users rely on the GIL"
@@ -472,13 +473,16 @@ NUser_func(NUser *u, PyObject *const *args, Py_ssize_t nargs)
     /* everything that may run Python code (frame objects, decrefs) before the record */
     PyObject *parent = NULL;
     int line = 0;
-    if (PyFrame_Check(args[1])) {
+    if (PyFrame_Check(args[1])) { /* a frame some other user wanted: its f_back */
         PyFrameObject *back = PyFrame_GetBack((PyFrameObject *)args[1]);
         if (back != NULL) {
             parent = (PyObject *)PyFrame_GetCode(back);
             line = PyFrame_GetLineNumber(back);
             Py_DECREF(back);
         }
+    }
+    else if (rh_caller(current_tstate(), &parent, &line) < 0) { /* no frame objects */
+        return NULL;
     }
     rh_stale stale;
     rh_rec *rec = rh_ring_reserve(st->ring, &stale);

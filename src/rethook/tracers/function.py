@@ -72,4 +72,5 @@ class FunctionTracer(OpsTracer):
         ops = FunctionOps(ctx)
         if native_unavailable(ctx, "function") is None:
             install_handlers(ops, native_user("function", ctx), ("func",))
+            ops.wants_frame = False  # it reads the caller without frame objects
         return ops

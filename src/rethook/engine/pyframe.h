@@ -1,0 +1,80 @@
+/* pyframe.h: the caller of the running Python function, read without frame objects.
+ *
+ * The function tracer records every call's caller (its code and line). Through the public API
+ * that costs two frame objects per call: PyEval_GetFrame() materializes the callee's
+ * PyFrameObject and PyFrame_GetBack() the caller's (an allocation each, freed when the frame
+ * ends). The interpreter's own frames (_PyInterpreterFrame) already hold both: the thread's
+ * current frame is the callee (PY_START fires inside it) and `previous` links to the caller.
+ * This header walks them the way PyFrame_GetBack() does (skipping incomplete frames and the
+ * C-stack shims between them) and reads the caller's code and line with the public
+ * PyUnstable_InterpreterFrame_* functions.
+ *
+ * The frame struct is CPython-internal (internal/pycore_frame.h, for the exact version this is
+ * compiled against): 3.12 and 3.13 are the versions built and tested here; another version
+ * falls back to the public, allocating path (RH_HAVE_IFRAME is 0).
+ */
+#ifndef RETHOOK_PYFRAME_H
+#define RETHOOK_PYFRAME_H
+
+#include <Python.h>
+#include <frameobject.h>
+
+#if PY_VERSION_HEX >= 0x030C0000 && PY_VERSION_HEX < 0x030E0000 && !defined(Py_LIMITED_API)
+#define RH_HAVE_IFRAME 1
+#ifndef Py_BUILD_CORE
+#define Py_BUILD_CORE 1
+#define RH_UNDEF_BUILD_CORE
+#endif
+#include "internal/pycore_frame.h"
+#ifdef RH_UNDEF_BUILD_CORE
+#undef Py_BUILD_CORE
+#undef RH_UNDEF_BUILD_CORE
+#endif
+#else
+#define RH_HAVE_IFRAME 0
+#endif
+
+/* The caller of the function running on tstate: *code gets a new reference to its code (NULL
+ * when there is none: the outermost frame) and *line its line (0 if unknown). 0, or -1 with an
+ * error set (the public path only). */
+static inline int
+rh_caller(PyThreadState *tstate, PyObject **code, int *line)
+{
+    *code = NULL;
+    *line = 0;
+#if RH_HAVE_IFRAME
+#if PY_VERSION_HEX >= 0x030D0000
+    _PyInterpreterFrame *f = tstate->current_frame;
+#else
+    _PyInterpreterFrame *f = tstate->cframe->current_frame;
+#endif
+    while (f != NULL && _PyFrame_IsIncomplete(f)) /* the callee (PyEval_GetFrame's) */
+        f = f->previous;
+    if (f == NULL)
+        return 0;
+    f = f->previous;
+    while (f != NULL && _PyFrame_IsIncomplete(f)) /* its caller (PyFrame_GetBack's) */
+        f = f->previous;
+    if (f == NULL)
+        return 0;
+    *code = PyUnstable_InterpreterFrame_GetCode(f); /* a strong reference */
+    int l = PyUnstable_InterpreterFrame_GetLine(f);
+    *line = l < 0 ? 0 : l;
+    return 0;
+#else
+    PyFrameObject *frame = PyThreadState_GetFrame(tstate);
+    if (frame == NULL)
+        return 0;
+    PyFrameObject *back = PyFrame_GetBack(frame);
+    Py_DECREF(frame);
+    if (back != NULL) {
+        *code = (PyObject *)PyFrame_GetCode(back);
+        int l = PyFrame_GetLineNumber(back);
+        *line = l < 0 ? 0 : l;
+        Py_DECREF(back);
+    }
+    return 0;
+#endif
+}
+
+#endif
