@@ -572,11 +572,14 @@ def test_help(command: str) -> None:
 def test_version() -> None:
     r = rethook("--version")
     assert r.returncode == 0
-    first, note, users, clock = r.stdout.splitlines()
+    first, note, caps, users, clock = r.stdout.splitlines()
     assert re.fullmatch(r"rethook \d+\.\d+\.\d+ \(engine: (c|python) core, \w+ \d+\.\d+\.\d+\S*\)",
                         first)
     # which core runs, and why (the C core unless it is not built or RETHOOK_ENGINE=python)
     assert note.startswith(("C core", "pure-Python core"))
+    # what the core can do (engine/coreapi.py's Capabilities, which the tracers also read)
+    assert caps.startswith("core capabilities: ")
+    assert ("native users" in caps) == ("engine: c core" in first)
     # and which users the tracers run (native on the C core when built)
     assert users.startswith(("tracers: native users", "tracers: Python users"))
     assert users.startswith("tracers: native") == ("engine: c core" in first
@@ -589,7 +592,8 @@ def test_engine_option_forces_the_pure_core(tmp_path: Path) -> None:
     r = rethook("--engine", "python", "--version")
     assert r.returncode == 0
     assert "(engine: python core," in r.stdout
-    assert "tracers: Python users (the engine runs on the pure-Python core)" in r.stdout
+    assert "core capabilities: reference only (no C)" in r.stdout
+    assert "tracers: Python users (the engine's python core runs no native users)" in r.stdout
     # the same program recorded on either core reports the same trace
     pytest.importorskip("rethook.engine._ccore")
     reports = []

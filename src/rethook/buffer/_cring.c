@@ -161,7 +161,10 @@ copy_out(rh_ring *r, int take, uint64_t *n)
     return out;
 }
 
-/* (type, ts, code, parent_or_None, depth, calltime, sleep, flags, overrun) */
+/* (type, ts, code, parent_or_None, depth, calltime, sleep, flags, overrun): exported as
+ * RAW_RECORD_FIELDS and checked against rethook/buffer/schema.py at import. */
+#define RAW_RECORD_FIELDS "type", "ts", "code", "parent", "depth", "calltime", "sleep", \
+    "flags", "overrun"
 static PyObject *tuple_of(Py_ssize_t n, PyObject **items);
 
 static PyObject *
@@ -782,5 +785,21 @@ PyInit__cring(void)
         return NULL;
     }
     Py_DECREF(capsule);
+    /* the schema as this module was built: {record type id: name}, the raw record's fields
+     * (rethook.buffer.native checks both against rethook/buffer/schema.py) */
+    PyObject *types = Py_BuildValue("{i:s,i:s,i:s,i:s,i:s}", RH_FUNCTION, "function",
+                                    RH_FUNCGRAPH_ENTRY, "funcgraph_entry", RH_FUNCGRAPH_EXIT,
+                                    "funcgraph_exit", RH_FUNCGRAPH_SUSPEND, "funcgraph_suspend",
+                                    RH_FUNCGRAPH_RESUME, "funcgraph_resume");
+    PyObject *fields = Py_BuildValue("(sssssssss)", RAW_RECORD_FIELDS);
+    if (types == NULL || fields == NULL || PyModule_AddObjectRef(m, "RECORD_TYPES", types) < 0 ||
+        PyModule_AddObjectRef(m, "RAW_RECORD_FIELDS", fields) < 0) {
+        Py_XDECREF(types);
+        Py_XDECREF(fields);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_DECREF(types);
+    Py_DECREF(fields);
     return m;
 }

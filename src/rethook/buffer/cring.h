@@ -41,7 +41,7 @@
 /* How many records ahead of the writer rh_ring_reserve() asks the CPU to fetch. */
 #define RH_PREFETCH_AHEAD 16
 
-/* Record types: the event format ids of rethook/tracers/formats.py. */
+/* Record types: the event format ids of rethook/buffer/schema.py (checked at import). */
 #define RH_FUNCTION 1
 #define RH_FUNCGRAPH_ENTRY 2
 #define RH_FUNCGRAPH_EXIT 3

@@ -17,7 +17,22 @@ from operator import itemgetter
 from types import CodeType
 from typing import Any
 
+from rethook.buffer import schema
 from rethook.buffer.events import Event, Lost
+
+
+def check_c_schema(module: Any) -> str:
+    """Why the C ring module disagrees with :mod:`rethook.buffer.schema`, or "" if it agrees:
+    its record type ids and the field order of its raw records."""
+    want = {f.id: f.name for f in schema.NATIVE_FORMATS}
+    got = getattr(module, "RECORD_TYPES", None)
+    if got != want:
+        return f"its record types {got} are not the schema's {want}"
+    fields = getattr(module, "RAW_RECORD_FIELDS", None)
+    if fields != schema.RAW_RECORD_FIELDS:
+        return f"its raw records {fields} are not the schema's {schema.RAW_RECORD_FIELDS}"
+    return ""
+
 
 try:
     from rethook.buffer import _cring
@@ -25,7 +40,11 @@ except ImportError as exc:  # not built (no compiler, another interpreter...)
     _cring = None
     _UNAVAILABLE_REASON = str(exc)
 else:
-    _UNAVAILABLE_REASON = ""
+    _UNAVAILABLE_REASON = check_c_schema(_cring)
+    if _UNAVAILABLE_REASON:  # built from other sources than this Python: not used
+        _UNAVAILABLE_REASON = f"rethook.buffer._cring was built for another schema: " \
+                              f"{_UNAVAILABLE_REASON}"
+        _cring = None
 
 #: Whether the C ring extension is built: native tracers need it, nothing else does.
 NATIVE_AVAILABLE: bool = _cring is not None
@@ -35,19 +54,19 @@ NATIVE_AVAILABLE: bool = _cring is not None
 #: more records than the Python buffer holds events (those are ~128 bytes each).
 RECORD_BYTES: int = _cring.RECORD_BYTES if _cring is not None else 56
 
-# Record types (cring.h's RH_*): the ids of the event formats they become.
-RH_FUNCTION = 1
-RH_FUNCGRAPH_ENTRY = 2
-RH_FUNCGRAPH_EXIT = 3
-RH_FUNCGRAPH_SUSPEND = 4
-RH_FUNCGRAPH_RESUME = 5
+# Record types (cring.h's RH_*): the ids of the event formats they become (schema.py).
+RH_FUNCTION = schema.FUNCTION.id
+RH_FUNCGRAPH_ENTRY = schema.FUNCGRAPH_ENTRY.id
+RH_FUNCGRAPH_EXIT = schema.FUNCGRAPH_EXIT.id
+RH_FUNCGRAPH_SUSPEND = schema.FUNCGRAPH_SUSPEND.id
+RH_FUNCGRAPH_RESUME = schema.FUNCGRAPH_RESUME.id
 
-#: The ``print`` event format's id (tracers/formats.py): an unknown record type becomes one
-#: of these rather than failing the whole read.
-_PRINT = 7
+#: The ``print`` event format's id: an unknown record type becomes one of these rather than
+#: failing the whole read.
+_PRINT = schema.PRINT.id
 
-#: A raw record as ``Ring.events()``/``Ring.consume()`` give it:
-#: ``(type, ts, code, parent_or_None, depth, calltime, sleep, flags, overrun)``.
+#: A raw record as ``Ring.events()``/``Ring.consume()`` give it: the values of
+#: ``schema.RAW_RECORD_FIELDS`` (``parent`` is None but for function records).
 RawRecord = tuple
 
 #: Names a code object (the registry's ``name``).

@@ -59,7 +59,8 @@ def _version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
         click.echo(note)
     from rethook.tracers.native import users_note
 
-    click.echo(users_note(core.name))
+    click.echo(core.capabilities.describe())
+    click.echo(users_note(core.capabilities))
     from rethook.engine import clock
 
     click.echo(clock.note())

@@ -64,6 +64,10 @@ enum { REC_KEY, REC_CODE, REC_FRAME, REC_TIME, REC_SLEEP, REC_PARKED_AT, REC_HEA
 #define WANT_TIME 2
 #define GENERATOR 4
 #define FLAG_UNFINISHED 1
+/* Shadow-stack entry shapes (core.py's MARKER_ITEMS, DIRECT_ITEMS; its entry_kind() is the
+ * Python twin of is_direct() and rec_len() below). */
+#define MARKER_ITEMS 1
+#define DIRECT_ITEMS 3
 
 /* ---------------------------------------------------------------------------------------- */
 /* Module state (single-phase init: one interpreter, like the pure core's module globals).   */
@@ -220,7 +224,7 @@ list_pop(PyObject *list)
 static inline int
 is_direct(PyObject *entry)
 {
-    return PyTuple_CheckExact(entry) && PyTuple_GET_SIZE(entry) == 3;
+    return PyTuple_CheckExact(entry) && PyTuple_GET_SIZE(entry) == DIRECT_ITEMS;
 }
 
 /* Records: lists with room for the header and one claim. Records whose last reference the
@@ -839,6 +843,78 @@ accepted(PyObject *data)
     return data != Py_None && data != Py_False;
 }
 
+/* ---- The direct fast path (fgraph_direct.h) -------------------------------------------
+ *
+ * A call of a function whose one user is written in C needs little of the general path: no
+ * record, no Python ints, no argument vectors, no extra references to the dispatch or the
+ * stack (the user's hooks run no Python code on their hot path, so neither can change). The
+ * thread is still marked busy around the hook (the user's first call on a thread makes its
+ * ring through Python). These paths run only when the thread is not busy and no sweep is on,
+ * and leave everything else to the general path:
+ *
+ *   entry   the shadow stack gets the direct entry (in place when the list has room), then
+ *           the user's entry hook; declined -> the function's marker.
+ *   exit    the top entry is this code's direct entry and is not its last reference (the
+ *           dispatch still holds it, so popping it frees nothing): popped, then the exit hook.
+ *
+ * Both return 1 when they handled the event, 0 to fall through to the general path. */
+static inline int
+direct_start(PyThreadState *tstate, PyObject *ts, const Slot *s, PyObject *code,
+             PyObject **pending)
+{
+    PyObject *stack = SLOT(ts, ts_stack);
+    if (stack == NULL || !PyList_CheckExact(stack))
+        return 0;
+    Py_ssize_t n = PyList_GET_SIZE(stack);
+    if (n >= max_depth || ((PyListObject *)stack)->allocated <= n)
+        return 0; /* overrun, or the list must grow: the general path */
+    Py_INCREF(ts);
+    SET_BUSY(ts, 1);
+    PyObject *entry = Py_NewRef(s->direct_entry), *marker = s->marker, *reg =
+        PyTuple_GET_ITEM(s->graph, 0);
+    const rh_direct *d = s->direct;
+    long long tn = now_ns();
+    ((PyListObject *)stack)->ob_item[n] = Py_NewRef(entry);
+    Py_SET_SIZE(stack, n + 1);
+    int r = d->entry(d->self, tstate, code, tn);
+    if (r <= 0) { /* declined (or failed: counted as its handler's error) */
+        Py_ssize_t m = PyList_GET_SIZE(stack);
+        if (m && PyList_GET_ITEM(stack, m - 1) == entry) {
+            PyList_GET_ITEM(stack, m - 1) = Py_NewRef(marker);
+            Py_DECREF(entry); /* (we hold another reference) */
+        }
+        if (r < 0)
+            handler_error(reg, pending);
+    }
+    Py_DECREF(entry);
+    SET_BUSY(ts, 0);
+    Py_DECREF(ts);
+    return 1;
+}
+
+static inline int
+direct_return(PyThreadState *tstate, PyObject *ts, PyObject *code, PyObject *exc,
+              PyObject **pending)
+{
+    PyObject *stack = SLOT(ts, ts_stack);
+    if (stack == NULL || !PyList_CheckExact(stack))
+        return 0;
+    Py_ssize_t n = PyList_GET_SIZE(stack);
+    if (n == 0)
+        return 0;
+    PyObject *top = PyList_GET_ITEM(stack, n - 1);
+    if (!is_direct(top) || PyTuple_GET_ITEM(top, 0) != code || Py_REFCNT(top) < 2)
+        return 0;
+    Py_INCREF(ts);
+    SET_BUSY(ts, 1);
+    Py_SET_SIZE(stack, n - 1); /* our reference to top now */
+    direct_exit(top, exc, 0, now_ns(), tstate, pending);
+    Py_DECREF(top);
+    SET_BUSY(ts, 0);
+    Py_DECREF(ts);
+    return 1;
+}
+
 /* PY_START(code, offset): rule 1 (entry), rule 4 (recursion), rule 5 (depth). */
 static PyObject *
 on_start(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
@@ -857,6 +933,13 @@ on_start(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
         if (slot_incr(ts, ThreadState_t, ts_recursion, s_recursion) < 0 || missed(code, 0) < 0)
             stash_error(&pending);
         return finish(pending);
+    }
+    if (!sweeping) {
+        const Slot *fs = lookup(code);
+        if (fs == NULL)
+            Py_RETURN_NONE; /* not (or no longer) hooked */
+        if (fs->direct != NULL && direct_start(tstate, ts, fs, code, &pending))
+            return finish(pending);
     }
     Py_INCREF(ts);
     SET_BUSY(ts, 1);
@@ -1011,6 +1094,8 @@ on_return(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     PyThreadState *tstate = current_tstate();
     PyObject *ts = exit_state(tstate, &pending);
     if (ts == NULL)
+        return finish(pending);
+    if (!sweeping && direct_return(tstate, ts, code, NULL, &pending))
         return finish(pending);
     Py_INCREF(ts);
     SET_BUSY(ts, 1);
@@ -1590,7 +1675,9 @@ PyInit__ccore(void)
         check_constant("REC_HEADER", REC_HEADER) < 0 ||
         check_constant("WANT_FRAME", WANT_FRAME) < 0 || check_constant("WANT_TIME", WANT_TIME) < 0 ||
         check_constant("GENERATOR", GENERATOR) < 0 ||
-        check_constant("FLAG_UNFINISHED", FLAG_UNFINISHED) < 0)
+        check_constant("FLAG_UNFINISHED", FLAG_UNFINISHED) < 0 ||
+        check_constant("MARKER_ITEMS", MARKER_ITEMS) < 0 ||
+        check_constant("DIRECT_ITEMS", DIRECT_ITEMS) < 0)
         return NULL;
     if ((local_obj = PyObject_GetAttrString(core_mod, "_local")) == NULL ||
         (parked = PyObject_GetAttrString(core_mod, "_parked")) == NULL ||

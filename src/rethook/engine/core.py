@@ -74,6 +74,7 @@ the call's bookkeeping is done.
 
 from __future__ import annotations
 
+import enum
 import sys
 import threading
 import traceback
@@ -82,6 +83,7 @@ from types import CodeType, FrameType
 from typing import Any
 
 from rethook.engine import clock
+from rethook.engine.coreapi import Capabilities
 
 # Record layout (see the module docstring).
 REC_KEY = 0
@@ -91,7 +93,10 @@ REC_TIME = 3
 REC_SLEEP = 4
 REC_PARKED_AT = 5
 REC_HEADER = 6
-DIRECT_LEN = 3  # a direct entry (code, reg, capsule): see the module docstring
+#: Items of a marker (code,) and of a direct entry (code, reg, capsule): the shapes
+#: :func:`entry_kind` tells apart (the C core checks these numbers at import).
+MARKER_ITEMS = 1
+DIRECT_ITEMS = 3
 
 #: Dispatch-entry flags, computed per code object when the table is built.
 WANT_FRAME = 1  # some user of this code needs the frame (always for generators)
@@ -103,6 +108,47 @@ FLAG_UNFINISHED = 1  # the call was still open at teardown (unregister, stop, th
 FLAG_CLOSED = 2  # a suspended generator/coroutine was closed or collected without an event
 
 DEFAULT_MAX_DEPTH = 65536
+
+
+# --- shadow-stack entries: the three kinds, told apart here only ------------------------------
+class EntryKind(enum.Enum):
+    """What a shadow-stack entry is (see the drawing in the module docstring)."""
+
+    MARKER = "marker"  # (code,): a plain function's call no user claimed, or overran
+    DIRECT = "direct"  # (code, reg, capsule): one claim of a C user (fgraph_direct.h)
+    RECORD = "record"  # a list: header (REC_*) then (reg, data) claims
+
+
+def entry_kind(entry: list | tuple) -> EntryKind:
+    """The kind of a shadow-stack (or parked, or in-flight) entry."""
+    if isinstance(entry, list):
+        return EntryKind.RECORD
+    return EntryKind.DIRECT if len(entry) == DIRECT_ITEMS else EntryKind.MARKER
+
+
+def make_marker(code: CodeType) -> tuple:
+    """The marker of a plain function: shared by all its calls (built once per dispatch)."""
+    return (code,)
+
+
+def make_direct(code: CodeType, reg: Any, capsule: Any) -> tuple:
+    """A direct entry: shared by all calls of ``code`` that ``reg``'s C hooks claim."""
+    return (code, reg, capsule)
+
+
+def entry_code(entry: list | tuple) -> CodeType:
+    """The function of any entry (a record's key is its frame for generators)."""
+    return entry[REC_CODE] if isinstance(entry, list) else entry[0]
+
+
+def direct_registration(entry: tuple) -> Any:
+    """The registration a direct entry's one claim belongs to."""
+    return entry[1]
+
+
+def claims(rec: list) -> list[tuple[Any, Any]]:
+    """A record's claims, oldest first: (registration, entry data) pairs."""
+    return [(rec[i], rec[i + 1]) for i in range(REC_HEADER, len(rec), 2)]
 
 _getframe = sys._getframe
 _now = clock.now_ns
@@ -275,10 +321,11 @@ def deliver(rec: list | tuple, depth: int, retval: Any, exc: BaseException | Non
 
     ``ts`` is the thread the call ran in (default: the calling thread's), for direct entries.
     """
-    if len(rec) == DIRECT_LEN:
+    kind = entry_kind(rec)
+    if kind is EntryKind.DIRECT:
         deliver_direct(rec, depth, retval, exc, t, flags, ts or _local.ts)
         return
-    if len(rec) <= REC_HEADER:
+    if kind is EntryKind.MARKER or len(rec) <= REC_HEADER:
         return  # a marker, or a record whose claims were all swept
     code = rec[REC_CODE]
     frame = rec[REC_FRAME]
@@ -312,7 +359,7 @@ def deliver_direct(entry: tuple, depth: int, retval: Any, exc: BaseException | N
                     flags: int, ts: ThreadState) -> None:
     """A direct entry's return, delivered from Python: its user's retfunc with the call's
     ThreadState as entry data (engine/fgraph_direct.h)."""
-    code, reg, _ = entry
+    code, reg = entry_code(entry), direct_registration(entry)
     fn = reg.retfunc
     if fn is None:
         return
@@ -356,7 +403,7 @@ def _find_exit(ts: ThreadState, frame: FrameType) -> list | tuple | None:
     stack = ts.stack
     for i in range(len(stack) - 1, -1, -1):
         rec = stack[i]
-        if len(rec) > REC_FRAME and rec[REC_FRAME] is frame:
+        if entry_kind(rec) is EntryKind.RECORD and rec[REC_FRAME] is frame:
             break
     else:
         return None  # entered before its events were on: nothing to do
@@ -671,11 +718,12 @@ def flush_thread(ts: ThreadState) -> None:
 
 # --- the interface the engine drives ---------------------------------------------------------
 class PyCore:
-    """The pure-Python core behind the small interface every core implements."""
+    """The pure-Python core behind the interface every core implements (coreapi.HookCore)."""
 
     name = "python"
-    #: whether the core calls users' direct hooks (engine/fgraph_direct.h); this one does not
-    direct_calls = False
+    note = "pure-Python core"
+    #: the reference: no direct calls (it ignores direct entries), no native users
+    capabilities = Capabilities("python", direct_calls=False, native_users=False)
 
     LOCAL_CALL_EVENTS = sys.monitoring.events.PY_START
     LOCAL_RETURN_EVENTS = (

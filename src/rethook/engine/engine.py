@@ -35,7 +35,6 @@ from rethook.engine import clock, toolid
 from rethook.engine import core as _core
 from rethook.engine.core import (
     DEFAULT_MAX_DEPTH,
-    DIRECT_LEN,
     FLAG_CLOSED,
     FLAG_UNFINISHED,
     GENERATOR,
@@ -47,6 +46,13 @@ from rethook.engine.core import (
     REC_TIME,
     WANT_FRAME,
     WANT_TIME,
+    EntryKind,
+    claims,
+    direct_registration,
+    entry_code,
+    entry_kind,
+    make_direct,
+    make_marker,
 )
 from rethook.engine.filters import FunctionFilter
 from rethook.engine.registry import FunctionInfo, Registry, default_registry
@@ -440,12 +446,13 @@ class Engine:
                 flags |= WANT_FRAME
             if any(r.ops.wants_time for r in graph):
                 flags |= WANT_TIME
-            marker = (code,) if graph and not flags & GENERATOR else None
+            marker = make_marker(code) if graph and not flags & GENERATOR else None
             mask = core.LOCAL_CALL_EVENTS | (core.LOCAL_RETURN_EVENTS if graph else 0)
             direct = None
-            if (core.direct_calls and not entry and len(graph) == 1 and marker is not None
-                    and not flags & WANT_FRAME and graph[0].ops.direct is not None):
-                direct = (code, graph[0], graph[0].ops.direct)
+            if (core.capabilities.direct_calls and not entry and len(graph) == 1
+                    and marker is not None and not flags & WANT_FRAME
+                    and graph[0].ops.direct is not None):
+                direct = make_direct(code, graph[0], graph[0].ops.direct)
             dispatch = (entry, graph, flags, marker, direct)
             out[key] = (code, mask, interned.setdefault(dispatch, dispatch))
         return out
@@ -458,7 +465,7 @@ class Engine:
         if code.co_flags & SUSPENDING:
             return (entry, (), GENERATOR | WANT_FRAME, None, None)
         frame = WANT_FRAME if any(e.ops.wants_frame for e in entry) else 0
-        return (entry, (), frame, (code,), None)
+        return (entry, (), frame, make_marker(code), None)
 
     def _publish(self, table: dict[int, tuple]) -> None:
         self._table = table
@@ -551,24 +558,22 @@ class Engine:
                     entries.extend((rec, 0, me) for rec in me.inflight)
                 entries.extend((rec, 0, None) for rec in list(core.parked().values()))
                 for rec, depth, ts in entries:
-                    if len(rec) == 1:  # a marker (code,)
-                        open_codes.add(id(rec[0]))
+                    code = entry_code(rec)
+                    open_codes.add(id(code))
+                    kind = entry_kind(rec)
+                    if kind is EntryKind.MARKER:
                         continue
-                    if len(rec) == DIRECT_LEN:  # (code, reg, capsule): its data is the user's
-                        open_codes.add(id(rec[0]))
-                        if everything or id(rec[1]) in gone:
-                            todo.append((rec, depth, rec[1], ts))  # data: the call's thread
-                            ts.stack[depth] = (rec[0],)  # the claim goes; the exit stays matched
+                    if kind is EntryKind.DIRECT:  # its entry data is the user's own
+                        reg = direct_registration(rec)
+                        if everything or id(reg) in gone:
+                            todo.append((rec, depth, reg, ts))  # data: the call's thread
+                            ts.stack[depth] = make_marker(code)  # the exit stays matched
                         continue
-                    # a record: its key is the frame for generators, so name the code
-                    open_codes.add(id(rec[REC_CODE]))
-                    if len(rec) == REC_HEADER:  # swept, or its entry handlers are running
-                        continue
-                    if not gone and not everything:
+                    # a record with no claims: swept, or its entry handlers are running
+                    if not (gone or everything) or len(rec) == REC_HEADER:
                         continue
                     kept = []
-                    for i in range(REC_HEADER, len(rec), 2):
-                        reg, data = rec[i], rec[i + 1]
+                    for reg, data in claims(rec):
                         if everything or id(reg) in gone:
                             todo.append((rec, depth, reg, data))
                         else:
@@ -594,7 +599,7 @@ class Engine:
                 if fn is None:  # no return handler, or an entry its user discarded
                     continue
                 self._unfinished_deliveries += 1
-                if len(rec) == DIRECT_LEN:  # a direct entry: its data is the call's thread
+                if entry_kind(rec) is EntryKind.DIRECT:  # its data is the call's thread
                     _core.deliver_direct(rec, depth, None, None, t, FLAG_UNFINISHED, data)
                     continue
                 try:
@@ -634,7 +639,7 @@ class Engine:
                 # count the returns really delivered: not claims of users that discarded
                 # their entry (unregistered from inside it: their retfunc is gone)
                 self._closed_deliveries += sum(
-                    1 for i in range(REC_HEADER, len(rec), 2) if rec[i].retfunc is not None)
+                    1 for reg, _ in claims(rec) if reg.retfunc is not None)
                 self.core.deliver(rec, 0, None, GeneratorExit(), rec[REC_PARKED_AT], FLAG_CLOSED)
         finally:
             if me is not None:
@@ -653,11 +658,13 @@ class Engine:
         if reg is None or ts is None:
             return None
         for rec in reversed(ts.stack):
-            for i in range(REC_HEADER, len(rec), 2):
-                if rec[i] is reg:
+            if entry_kind(rec) is not EntryKind.RECORD:
+                continue
+            for claimant, data in claims(rec):
+                if claimant is reg:
                     depth -= 1
                     if depth <= 0:
-                        return rec[i + 1]
+                        return data
         return None
 
     @_untraced

@@ -14,6 +14,7 @@ import os
 import sys
 
 from rethook.engine import core as _core
+from rethook.engine.coreapi import Capabilities, HookCore
 
 ENV_VAR = "RETHOOK_ENGINE"
 _PURE = ("python", "py", "pure")
@@ -46,7 +47,7 @@ if _ccore is not None:
 
         name = "c"
         note = "C core (rethook.engine._ccore)"
-        direct_calls = True
+        capabilities = Capabilities("c", direct_calls=True, native_users=True)
 
         _CALLBACKS = (
             ("PY_START", _ccore.on_start), ("PY_RETURN", _ccore.on_return),
@@ -62,7 +63,16 @@ else:
     CCore = None  # type: ignore[assignment,misc]
 
 
-def choose_core(prefer: str | None = None) -> _core.PyCore:
+def available_cores() -> list[Capabilities]:
+    """The cores this interpreter can run, the one ``choose_core()`` picks by default first:
+    the tests' core matrix (the suite runs on each of them)."""
+    cores = [_core.PyCore.capabilities]
+    if CCore is not None:
+        cores.insert(0, CCore.capabilities)
+    return cores
+
+
+def choose_core(prefer: str | None = None) -> HookCore:
     """A new core instance: ``prefer`` (``"c"``/``"python"``), else ``$RETHOOK_ENGINE``, else
     the C core when it is built, else the pure-Python core (whose ``note`` says why)."""
     want = (prefer or os.environ.get(ENV_VAR) or "").strip().lower()
@@ -91,7 +101,8 @@ def describe() -> str:
         return str(e)
 
 
-__all__ = ["CCore", "C_CORE_ERROR", "ENV_VAR", "c_core_available", "choose_core", "describe"]
+__all__ = ["CCore", "C_CORE_ERROR", "ENV_VAR", "available_cores", "c_core_available",
+           "choose_core", "describe"]
 
 if __name__ == "__main__":  # python -m rethook.engine.select
     print(describe())

@@ -6,18 +6,19 @@ native users whose handlers are written in C and write fixed-size records into t
 thread's C ring (buffer/cring.h). Both make the same events; readers turn the records into
 the same tuples, so every view and file is the same.
 
-:func:`native_unavailable` is the one place that decides: native users run when the engine
-runs on the C core (``RETHOOK_ENGINE=python`` forces the pure core, and with it these Python
-users), both extensions are built, the context allows them (``TraceContext.native_users``)
-and the options ask for nothing only Python can do: ``funcgraph-args`` and
-``funcgraph-retval`` format the program's values with ``repr``, ``func_stack_trace`` walks
-frames.
+:func:`native_unavailable` is the one place that decides: native users run when the
+engine's core can run them (its ``capabilities.native_users``: the C core's;
+``RETHOOK_ENGINE=python`` forces the pure core, and with it these Python users), both
+extensions are built, the context allows them (``TraceContext.native_users``) and the options
+ask for nothing only Python can do: ``funcgraph-args`` and ``funcgraph-retval`` format the
+program's values with ``repr``, ``func_stack_trace`` walks frames.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from rethook.engine.coreapi import Capabilities
 from rethook.tracers.base import TraceContext
 
 try:
@@ -40,8 +41,8 @@ def native_unavailable(ctx: TraceContext, kind: str) -> str | None:
     """Why the ``kind`` tracer's native user cannot run in ``ctx``, or None if it can."""
     if _native is None:
         return _WHY_NOT_BUILT
-    if ctx.engine.core.name != "c":
-        return "the engine runs on the pure-Python core"
+    if not ctx.engine.core.capabilities.native_users:
+        return f"the engine's {ctx.engine.core.name} core runs no native users"
     if not ctx.native_users:
         return "native users are turned off for this trace (TraceContext.native_users)"
     if kind != "profile" and not ctx.buffer.native_available():
@@ -52,12 +53,12 @@ def native_unavailable(ctx: TraceContext, kind: str) -> str | None:
     return None
 
 
-def users_note(core_name: str) -> str:
+def users_note(caps: Capabilities) -> str:
     """One line for ``rethook --version``: which users the built-in tracers run."""
     if _native is None:
         return f"tracers: Python users ({_WHY_NOT_BUILT})"
-    if core_name != "c":
-        return "tracers: Python users (the engine runs on the pure-Python core)"
+    if not caps.native_users:
+        return f"tracers: Python users (the engine's {caps.name} core runs no native users)"
     return ("tracers: native users (function, function_graph, profiler in C; "
             "Python users for funcgraph-args, funcgraph-retval, func_stack_trace)")
 
