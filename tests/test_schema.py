@@ -30,10 +30,12 @@ def test_the_c_ring_was_built_for_this_schema():
 def test_a_c_ring_of_another_schema_is_refused():
     good = {f.id: f.name for f in schema.NATIVE_FORMATS}
     other = types.SimpleNamespace(RECORD_TYPES={**good, 9: "funcgraph_exit"},
-                                  RAW_RECORD_FIELDS=schema.RAW_RECORD_FIELDS)
+                                  RAW_RECORD_FIELDS=schema.RAW_RECORD_FIELDS,
+                                  CALLER_OFFSET=schema.CALLER_OFFSET)
     assert "record types" in native.check_c_schema(other)
     swapped = tuple(reversed(schema.RAW_RECORD_FIELDS))
-    other = types.SimpleNamespace(RECORD_TYPES=good, RAW_RECORD_FIELDS=swapped)
+    other = types.SimpleNamespace(RECORD_TYPES=good, RAW_RECORD_FIELDS=swapped,
+                                  CALLER_OFFSET=schema.CALLER_OFFSET)
     assert "raw records" in native.check_c_schema(other)
 
 
@@ -77,3 +79,27 @@ def test_every_core_implements_the_interface_and_says_what_it_can():
         assert c.capabilities == cap and c.name == cap.name
         assert isinstance(cap, Capabilities) and cap.describe().startswith("core capabilities")
     assert core.PyCore.capabilities.direct_calls is False  # it ignores direct entries
+
+
+@pytest.mark.skipif(native._cring is None, reason="the C ring is not built")
+def test_a_callers_offset_is_read_as_its_line():
+    """The native function user stores the caller's instruction offset (CALLER_OFFSET); every
+    reader gives the line: raw records, decoded events and the fused drain (test_fused_drain
+    compares that one with the events)."""
+    import dis
+
+    def caller():
+        return 1
+
+    code = caller.__code__
+    ring = native._cring.Ring(16, 1)
+    offsets = [(i.offset, i.positions.lineno) for i in dis.get_instructions(code)
+               if i.positions.lineno is not None]
+    for off, _ in offsets:
+        ring.write(1, 5, code, code, off, 0, 0, schema.CALLER_OFFSET, 0)
+    ring.write(1, 6, code, code, 42, 0, 0, 0, 0)  # a line as it is
+    lines = [line for _, line in offsets] + [42]
+    raw = ring.events()
+    assert [r[4] for r in raw] == lines and {r[7] for r in raw} == {0}
+    events = ring.events(1, lambda c: c.co_name)
+    assert [e[5] for e in events] == lines

@@ -173,8 +173,11 @@ rec_tuple(const rh_rec *rec)
     PyObject *it[9] = {PyLong_FromLong(rec->type), PyLong_FromLongLong(rec->ts),
                        Py_NewRef(rec->code != NULL ? rec->code : Py_None),
                        Py_NewRef(rec->parent != NULL ? rec->parent : Py_None),
-                       PyLong_FromLong(rec->depth), PyLong_FromLongLong(rec->calltime),
-                       PyLong_FromLongLong(rec->sleep), PyLong_FromLong(rec->flags),
+                       PyLong_FromLong(rec->type == RH_FUNCTION ? rh_caller_line(rec)
+                                                                : rec->depth),
+                       PyLong_FromLongLong(rec->calltime), PyLong_FromLongLong(rec->sleep),
+                       PyLong_FromLong(rec->type == RH_FUNCTION
+                                           ? rec->flags & ~RH_CALLER_OFFSET : rec->flags),
                        PyLong_FromLong(rec->overrun)};
     return tuple_of(9, it);
 }
@@ -419,11 +422,10 @@ event_tuple(const rh_rec *rec, PyObject *tid, Names *names, PyObject *name_of,
         return tuple_of(5, it);
     }
     case RH_FUNCTION: {
-        /* depth holds the caller's line */
         PyObject *parent = rec->parent != NULL ? code_name(names, name_of, rec->parent)
                                                : empty;
         PyObject *it[6] = {type, ts, Py_NewRef(tid), Py_NewRef(name), Py_XNewRef(parent),
-                           PyLong_FromLong(rec->depth)};
+                           PyLong_FromLong(rh_caller_line(rec))};
         return tuple_of(6, it);
     }
     default: {
@@ -793,7 +795,8 @@ PyInit__cring(void)
                                     RH_FUNCGRAPH_RESUME, "funcgraph_resume");
     PyObject *fields = Py_BuildValue("(sssssssss)", RAW_RECORD_FIELDS);
     if (types == NULL || fields == NULL || PyModule_AddObjectRef(m, "RECORD_TYPES", types) < 0 ||
-        PyModule_AddObjectRef(m, "RAW_RECORD_FIELDS", fields) < 0) {
+        PyModule_AddObjectRef(m, "RAW_RECORD_FIELDS", fields) < 0 ||
+        PyModule_AddIntConstant(m, "CALLER_OFFSET", RH_CALLER_OFFSET) < 0) {
         Py_XDECREF(types);
         Py_XDECREF(fields);
         Py_DECREF(m);

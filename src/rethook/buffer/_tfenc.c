@@ -1196,6 +1196,8 @@ encode_batch(Fused *f, Encoded *e)
             PyErr_SetString(PyExc_SystemError, "rethook: a ring record changed");
             return -1;
         }
+        /* (the caller's line needs the caller's code: before it leaves the ring) */
+        const int32_t line = t == RH_FUNCTION ? rh_caller_line(r) : 0;
         /* read: its references leave the ring */
         PyObject *code = r->code, *parent = r->parent;
         r->code = r->parent = NULL;
@@ -1215,7 +1217,7 @@ encode_batch(Fused *f, Encoded *e)
         case RH_FUNCTION:
             PUT_SLOT(2, s);
             PUT_SLOT(3, ps);
-            PUT(4, (uint64_t)(int64_t)r->depth);
+            PUT(4, (uint64_t)(int64_t)line);
             break;
         case RH_FUNCGRAPH_EXIT:
             PUT(2, (uint64_t)(int64_t)r->depth);

@@ -48,6 +48,12 @@
 #define RH_FUNCGRAPH_SUSPEND 4
 #define RH_FUNCGRAPH_RESUME 5
 
+/* Function records: with RH_CALLER_OFFSET in flags, depth is the caller's instruction offset
+ * (bytes), which readers turn into its line (rh_caller_line). Computing a line walks the
+ * caller's line table, which grows with the caller's size: the writer leaves it to the
+ * reader. Without the flag, depth is the line itself. */
+#define RH_CALLER_OFFSET (1 << 30) /* schema.py's CALLER_OFFSET (checked at import) */
+
 typedef struct {
     int64_t ts;         /* the event's time (the exit's time for an exit) */
     PyObject *code;     /* owned: the function */
@@ -55,8 +61,8 @@ typedef struct {
     int64_t calltime;   /* exit: the entry's time */
     int64_t sleep;      /* exit: time suspended */
     int32_t type;       /* RH_* */
-    int32_t depth;      /* graph events: depth; function events: the caller's line */
-    int32_t flags;      /* exit: the engine's FLAG_* plus EXIT_RAISED */
+    int32_t depth;      /* graph events: depth; function events: the caller's line (or offset) */
+    int32_t flags;      /* exit: the engine's FLAG_* plus EXIT_RAISED; function: RH_CALLER_* */
     int32_t overrun;    /* exit: the thread's overrun count (funcgraph-overrun) */
 } rh_rec;
 
@@ -77,6 +83,19 @@ typedef struct {
     int overwrite;       /* 1: drop the oldest; 0: refuse the newest */
     PyObject *weakreflist;
 } rh_ring;
+
+/* The caller's line of a function record (its depth holds the line, or with RH_CALLER_OFFSET
+ * the caller's instruction offset). Runs no Python code. */
+static inline int32_t
+rh_caller_line(const rh_rec *r)
+{
+    if (!(r->flags & RH_CALLER_OFFSET))
+        return r->depth;
+    if (r->parent == NULL || !PyCode_Check(r->parent))
+        return 0;
+    int line = PyCode_Addr2Line((PyCodeObject *)r->parent, r->depth);
+    return line < 0 ? 0 : line;
+}
 
 /* Release a record's references (it stays in place, empty). */
 static inline void

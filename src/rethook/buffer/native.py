@@ -28,6 +28,8 @@ def check_c_schema(module: Any) -> str:
     got = getattr(module, "RECORD_TYPES", None)
     if got != want:
         return f"its record types {got} are not the schema's {want}"
+    if getattr(module, "CALLER_OFFSET", None) != schema.CALLER_OFFSET:
+        return f"its caller-offset flag is not the schema's {schema.CALLER_OFFSET}"
     fields = getattr(module, "RAW_RECORD_FIELDS", None)
     if fields != schema.RAW_RECORD_FIELDS:
         return f"its raw records {fields} are not the schema's {schema.RAW_RECORD_FIELDS}"

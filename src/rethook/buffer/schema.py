@@ -56,6 +56,10 @@ EXIT_RAISED = EXIT_FLAGS["raised"]
 #: order of the values a raw record has (``Ring.events()``/``Ring.consume()`` without a
 #: name function, and :func:`rethook.buffer.native.decode`'s input).
 NATIVE_FORMATS = (FUNCTION, FUNCGRAPH_ENTRY, FUNCGRAPH_EXIT, FUNCGRAPH_SUSPEND, FUNCGRAPH_RESUME)
+#: A native function record's ``flags`` bit: its ``depth`` is the caller's instruction offset
+#: (bytes), not its line; readers turn it into the line (the writer leaves that work to them).
+#: Raw records and events always carry the line.
+CALLER_OFFSET = 1 << 30
 RAW_RECORD_FIELDS = ("type", "ts", "code", "parent", "depth", "calltime", "sleep", "flags",
                      "overrun")
 

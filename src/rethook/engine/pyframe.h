@@ -6,8 +6,9 @@
  * ends). The interpreter's own frames (_PyInterpreterFrame) already hold both: the thread's
  * current frame is the callee (PY_START fires inside it) and `previous` links to the caller.
  * This header walks them the way PyFrame_GetBack() does (skipping incomplete frames and the
- * C-stack shims between them) and reads the caller's code and line with the public
- * PyUnstable_InterpreterFrame_* functions.
+ * C-stack shims between them) and reads the caller's code and instruction offset with the
+ * public PyUnstable_InterpreterFrame_* functions; the line is computed when the record is read
+ * (cring.h's RH_CALLER_OFFSET).
  *
  * The frame struct is CPython-internal (internal/pycore_frame.h, for the exact version this is
  * compiled against): 3.12 and 3.13 are the versions built and tested here; another version
@@ -35,13 +36,15 @@
 #endif
 
 /* The caller of the function running on tstate: *code gets a new reference to its code (NULL
- * when there is none: the outermost frame) and *line its line (0 if unknown). 0, or -1 with an
- * error set (the public path only). */
+ * when there is none: the outermost frame), and *where its line (*is_offset 0), or where
+ * computing the line is left to the reader, its instruction offset in bytes (*is_offset 1:
+ * PyCode_Addr2Line(code, offset) is the line). 0, or -1 with an error set. */
 static inline int
-rh_caller(PyThreadState *tstate, PyObject **code, int *line)
+rh_caller(PyThreadState *tstate, PyObject **code, int *where, int *is_offset)
 {
     *code = NULL;
-    *line = 0;
+    *where = 0;
+    *is_offset = 0;
 #if RH_HAVE_IFRAME
 #if PY_VERSION_HEX >= 0x030D0000
     _PyInterpreterFrame *f = tstate->current_frame;
@@ -58,8 +61,8 @@ rh_caller(PyThreadState *tstate, PyObject **code, int *line)
     if (f == NULL)
         return 0;
     *code = PyUnstable_InterpreterFrame_GetCode(f); /* a strong reference */
-    int l = PyUnstable_InterpreterFrame_GetLine(f);
-    *line = l < 0 ? 0 : l;
+    *where = PyUnstable_InterpreterFrame_GetLasti(f);
+    *is_offset = 1;
     return 0;
 #else
     PyFrameObject *frame = PyThreadState_GetFrame(tstate);
@@ -70,7 +73,7 @@ rh_caller(PyThreadState *tstate, PyObject **code, int *line)
     if (back != NULL) {
         *code = (PyObject *)PyFrame_GetCode(back);
         int l = PyFrame_GetLineNumber(back);
-        *line = l < 0 ? 0 : l;
+        *where = l < 0 ? 0 : l;
         Py_DECREF(back);
     }
     return 0;

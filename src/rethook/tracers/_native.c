@@ -472,7 +472,7 @@ NUser_func(NUser *u, PyObject *const *args, Py_ssize_t nargs)
         Py_RETURN_NONE;
     /* everything that may run Python code (frame objects, decrefs) before the record */
     PyObject *parent = NULL;
-    int line = 0;
+    int line = 0, is_offset = 0;
     if (PyFrame_Check(args[1])) { /* a frame some other user wanted: its f_back */
         PyFrameObject *back = PyFrame_GetBack((PyFrameObject *)args[1]);
         if (back != NULL) {
@@ -481,8 +481,8 @@ NUser_func(NUser *u, PyObject *const *args, Py_ssize_t nargs)
             Py_DECREF(back);
         }
     }
-    else if (rh_caller(current_tstate(), &parent, &line) < 0) { /* no frame objects */
-        return NULL;
+    else if (rh_caller(current_tstate(), &parent, &line, &is_offset) < 0) {
+        return NULL; /* (no frame objects: engine/pyframe.h) */
     }
     rh_stale stale;
     rh_rec *rec = rh_ring_reserve(st->ring, &stale);
@@ -497,7 +497,7 @@ NUser_func(NUser *u, PyObject *const *args, Py_ssize_t nargs)
     rec->sleep = 0;
     rec->type = RH_FUNCTION;
     rec->depth = line < 0 ? 0 : line;
-    rec->flags = 0;
+    rec->flags = is_offset ? RH_CALLER_OFFSET : 0; /* the reader computes the line */
     rec->overrun = 0;
     rh_ring_done(&stale);
     Py_RETURN_NONE;
