@@ -870,9 +870,12 @@ direct_start(PyThreadState *tstate, PyObject *ts, const Slot *s, PyObject *code,
         return 0; /* overrun, or the list must grow: the general path */
     Py_INCREF(ts);
     SET_BUSY(ts, 1);
-    PyObject *entry = Py_NewRef(s->direct_entry), *marker = s->marker, *reg =
-        PyTuple_GET_ITEM(s->graph, 0);
+    /* The dispatch holds the direct entry, the marker and the registration: held across the
+     * hook, whose first call on a thread runs Python code (another thread may publish). */
+    PyObject *dispatch = Py_NewRef(s->dispatch);
+    PyObject *entry = s->direct_entry, *marker = s->marker, *reg = PyTuple_GET_ITEM(s->graph, 0);
     const rh_direct *d = s->direct;
+    Py_INCREF(stack);
     long long tn = now_ns();
     ((PyListObject *)stack)->ob_item[n] = Py_NewRef(entry);
     Py_SET_SIZE(stack, n + 1);
@@ -881,12 +884,13 @@ direct_start(PyThreadState *tstate, PyObject *ts, const Slot *s, PyObject *code,
         Py_ssize_t m = PyList_GET_SIZE(stack);
         if (m && PyList_GET_ITEM(stack, m - 1) == entry) {
             PyList_GET_ITEM(stack, m - 1) = Py_NewRef(marker);
-            Py_DECREF(entry); /* (we hold another reference) */
+            Py_DECREF(entry); /* (the dispatch holds another reference) */
         }
         if (r < 0)
             handler_error(reg, pending);
     }
-    Py_DECREF(entry);
+    Py_DECREF(stack);
+    Py_DECREF(dispatch);
     SET_BUSY(ts, 0);
     Py_DECREF(ts);
     return 1;
