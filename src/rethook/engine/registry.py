@@ -200,6 +200,7 @@ class Registry:
         # code made by exec/eval that has not run yet -> the module that made it (the fallback
         # module of its name); weak, so code that never runs is not kept
         self._sites: dict[int, tuple[weakref.ref[CodeType], str]] = {}
+        self._added_modules: set[str] = set()  # modules registered by add_code
 
     # --- lookups ------------------------------------------------------------------------------
     @property
@@ -294,15 +295,23 @@ class Registry:
 
         For code compiled by the caller before it runs (a script's module code). A module code
         object itself is not a function and is not listed. Returns the new functions and tells
-        the subscribers about them.
+        the subscribers about them. The module counts as one that may still generate functions
+        (:meth:`may_generate`).
         """
         with self._lock:
             entries: dict[int, _Entry] = {}
             self._collect(code, module, None, entries, register_top=False)
             new = _listable(self._commit(entries))
             self._note_file(code.co_filename, module)
+            self._added_modules.add(module)
         self._notify(new)
         return new
+
+    def may_generate(self, module: str) -> bool:
+        """Whether functions of ``module`` may appear that no scan can see yet: its code was
+        registered before it runs (:meth:`add_code`), or it is being imported. Generated
+        functions (dataclass methods, exec'd code) of such a module exist only once it runs."""
+        return module in self._added_modules or module in self._pending_namespaces
 
     def refresh(self) -> list[FunctionInfo]:
         """Rescan the loaded modules; return (and report to subscribers) what was new."""
