@@ -639,11 +639,9 @@ class _Resolver:
                               pattern.position + (1 if pattern.remove else 0))
 
     def may_load_later(self, pattern: Pattern) -> bool:
-        """Whether the pattern names a module that is not imported yet (never imports), or one
-        whose body has not run yet, which may generate the functions it names."""
+        """Whether the pattern names a module that is not imported yet (never imports), or
+        names functions of one whose body has not run yet (which may generate them)."""
         if pattern.module is not None:
-            if self.registry.may_generate(pattern.module):
-                return True
             loaded = set(sys.modules) | self.registry.modules()
             if _has_glob(pattern.module):
                 rx = compile_glob(pattern.module)
