@@ -359,8 +359,11 @@ def renderer_for(tracer: str, formats: FormatRegistry, threads: Threads,
 def render(tracer: str, events: Iterable[Any], formats: FormatRegistry,
            thread_names: dict[int, str], opts: dict[str, bool], t0: int = 0,
            stats: tuple[int, int] = (0, 0), header: bool = True,
-           describe: Callable[[Any, tuple], str] | None = None) -> Iterator[str]:
-    """Every line of a trace's text view, header first (no trailing newlines)."""
+           describe: Callable[[Any, tuple], str] | None = None,
+           lookahead: bool = False) -> Iterator[str]:
+    """Every line of a trace's text view, header first (no trailing newlines). With
+    ``lookahead``, ``events`` are pairs of an event and the next one of its thread (see
+    ``feed_ahead``)."""
     threads = Threads(thread_names)
     r = renderer_for(tracer, formats, threads, opts, t0, describe)
     if isinstance(r, FunctionRenderer):
@@ -370,6 +373,10 @@ def render(tracer: str, events: Iterable[Any], formats: FormatRegistry,
         head = r.header()
     if header:
         yield from head.rstrip("\n").split("\n")
-    for ev in events:
-        yield from r.feed(ev)
+    if lookahead:
+        for ev, nxt in events:
+            yield from r.feed_ahead(ev, nxt)
+    else:
+        for ev in events:
+            yield from r.feed(ev)
     yield from r.flush()
