@@ -703,6 +703,8 @@ def _functions_of(value: object, depth: int = 0) -> Iterator[FunctionType]:
 _class_dict = type.__dict__["__dict__"].__get__  # a class's own mappingproxy, no descriptors run
 _class_mro = type.__dict__["__mro__"].__get__
 _class_qualname = type.__dict__["__qualname__"].__get__
+_class_flags = type.__dict__["__flags__"].__get__
+_HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement or type()
 
 
 def _method_name(klass: type, attr: str) -> tuple[str | None, str]:
@@ -727,6 +729,8 @@ def _owner(code: CodeType, frame: FrameType | None) -> tuple[type, str] | None:
     # (issubclass of the real type: isinstance would read a proxy's __class__)
     classes = list(_class_mro(first)) if issubclass(type(first), type) else []
     classes += _class_mro(type(first))
+    # builtin (static) types hold no Python functions: int, str, object...
+    classes = [k for k in classes if _class_flags(k) & _HEAPTYPE]
     name = code.co_name
     for klass in classes:  # cheap first: the attribute named like the code
         for f in _functions_of(_class_dict(klass).get(name)):
