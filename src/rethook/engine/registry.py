@@ -383,10 +383,12 @@ class Registry:
         if module is None:
             module = site_module or code.co_filename
         # Code nested in generated code is named when it runs (its qualname may be rewritten
-        # by then, as dataclasses and namedtuple do); remember where it was made meanwhile.
-        for const in code.co_consts:
-            if type(const) is CodeType and id(const) not in self._by_id:
-                self._remember_site(const, module)
+        # by then, as dataclasses and namedtuple do); if it will run in a namespace without a
+        # name (the same globals as this code's), remember where it was made meanwhile.
+        if not (isinstance(here, str) and here):
+            for const in code.co_consts:
+                if type(const) is CodeType and id(const) not in self._by_id:
+                    self._remember_site(const, module)
         if kind in NON_FUNCTION_KINDS:
             return []  # an exec'd body or class body: runs once, not listed, not kept
         self._order += 1
