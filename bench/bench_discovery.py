@@ -38,24 +38,16 @@ import sys
 import tempfile
 import time
 
-from rethook.engine.engine import FgraphOps, get_engine
+sys.path.insert(0, os.path.dirname(__file__))
+
+from bench_engine import NoOp  # noqa: E402
+from rethook.engine.engine import get_engine  # noqa: E402
 
 CALLS_EACH = 3
 
 
 def _target() -> None:
     """What the in-process runs' user hooks: a function the program never calls."""
-
-
-class NoOp(FgraphOps):
-    wants_frame = False
-    wants_time = False
-
-    def entryfunc(self, code, frame, depth, t):
-        return True
-
-    def retfunc(self, code, frame, depth, data, retval, exc, t0, t1, sleep, flags):
-        pass
 
 
 # --- the generated programs -----------------------------------------------------------------

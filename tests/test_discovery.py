@@ -18,6 +18,7 @@ import time
 from programs import calls
 from recorder import Recorder
 from rethook.control import Tracefs
+from test_cli import PROGRAMS
 
 _names = itertools.count()
 
@@ -74,56 +75,31 @@ def test_exec_code_without_a_module_is_named_where_it_was_made(engine):
     assert rec.names() == ["orphan"]
 
 
-GENERATED = """
-    import collections
-    import dataclasses
-
-
-    @dataclasses.dataclass(order=True)
-    class Point:
-        x: int
-        y: int = 0
-
-        def norm(self):
-            return abs(self.x) + abs(self.y)
-
-
-    Pair = collections.namedtuple("Pair", "left right")
-
-
-    def main(n):
-        out = []
-        for i in range(n):
-            p = Point(i, -i)
-            out.append((repr(p), p == Point(i, -i), p < Point(i + 1), Pair(p, i).left.norm()))
-        return out
-"""
-
-
-def test_generated_methods_of_a_module_loaded_past_the_import_hook(engine, tmp_path):
-    """dataclass and namedtuple methods, met only when they run, are named after the class
-    found from their first argument; the module loaded by exec_module is found as its body
-    starts."""
+def test_generated_code_of_a_module_loaded_past_the_import_hook(engine, tmp_path, capsys):
+    """tests/cli_programs/generated.py loaded with exec_module: its body is found as it starts,
+    dataclass and namedtuple methods (met only when they run) are named after the class found
+    from their first argument, exec'd functions after their namespace or where they were
+    made."""
     name = fresh_name()
     rec = Recorder(f"*:mod:{name}")
     engine.register_ftrace_graph(rec)
     try:
-        mod = exec_module(name, GENERATED, tmp_path)
-        assert len(mod.main(4)) == 4
+        mod = exec_module(name, (PROGRAMS / "generated.py").read_text(), tmp_path)
     finally:
         engine.unregister_ftrace_graph(rec)
+    assert capsys.readouterr().out == "3865 40\n"
     rec.assert_exactly_once()
     names = {engine.registry.lookup(c).base_name for c in (
-        mod.Point.__init__.__code__, mod.Point.__eq__.__code__, mod.Point.__lt__.__code__,
+        mod.Point.__init__.__code__, mod.Point.__eq__.__code__, mod.Point.__hash__.__code__,
         mod.Point.__repr__.__wrapped__.__code__, mod.Pair.__new__.__code__,
-        mod.Point.norm.__code__, mod.main.__code__)}
+        mod.Point.norm.__code__, mod.main.__code__, mod.NS["scale"].__code__,
+        mod.shift.__code__)}
     assert names == {f"{name}.{q}" for q in (
-        "Point.__init__", "Point.__eq__", "Point.__lt__", "Point.__repr__", "Pair.__new__",
-        "Point.norm", "main")}
+        "Point.__init__", "Point.__eq__", "Point.__hash__", "Point.__repr__", "Pair.__new__",
+        "Point.norm", "main", "scale", "shift")}
     calls = rec.names()
-    # 4 rounds: Point() three times, __repr__, __eq__, __lt__, Pair(), norm
-    for fn, n in (("__init__", 12), ("__repr__", 4), ("__eq__", 4), ("__lt__", 4),
-                  ("<lambda>", 4), ("norm", 4), ("main", 1)):
+    for fn, n in (("__init__", 80), ("__repr__", 40), ("__eq__", 40), ("__hash__", 40),
+                  ("<lambda>", 40), ("norm", 40), ("scale", 40), ("shift", 40), ("main", 1)):
         assert calls.count(fn) == n, (fn, calls)
 
 

@@ -1162,10 +1162,8 @@ def _skip_column(cur: _Cursor, ftype: str, count: int) -> None:
         raise _Damage(f"unknown integer column encoding {kind}")
 
 
-def _batch_threads(state: _State, payload: memoryview) -> tuple[int, set[int]]:
-    """The number of events of a batch and the thread ids among them (only the thread-id
-    columns are decoded)."""
-    cur = _Cursor(payload)
+def _batch_head(cur: _Cursor) -> tuple[int, list[tuple[int, int]]]:
+    """A batch's event count and its table of (format id, count)."""
     (n,) = cur.unpack(_U32)
     (k,) = cur.unpack(_U16)
     if k == 0 or n == 0 or n > MAX_BATCH_EVENTS:
@@ -1173,7 +1171,15 @@ def _batch_threads(state: _State, payload: memoryview) -> tuple[int, set[int]]:
     table = [struct.unpack("<II", cur.take(8)) for _ in range(k)]
     if sum(count for _, count in table) != n:
         raise _Damage("format counts do not add up to the batch size")
-    if k > 1:
+    return n, table
+
+
+def _batch_threads(state: _State, payload: memoryview) -> tuple[int, set[int]]:
+    """The number of events of a batch and the thread ids among them (only the thread-id
+    columns are decoded)."""
+    cur = _Cursor(payload)
+    n, table = _batch_head(cur)
+    if len(table) > 1:
         _skip_column(cur, "u64", n)
     tids: set[int] = set()
     for fid, count in table:
@@ -1270,13 +1276,8 @@ def _merge_by_time(streams: dict[int, list[int | Lost]],
 
 def _decode_batch(state: _State, payload: memoryview) -> list[Event]:
     cur = _Cursor(payload)
-    (n,) = cur.unpack(_U32)
-    (k,) = cur.unpack(_U16)
-    if k == 0 or n == 0 or n > MAX_BATCH_EVENTS:
-        raise _Damage(f"batch of {n} events in {k} formats")
-    table = [struct.unpack("<II", cur.take(8)) for _ in range(k)]
-    if sum(count for _, count in table) != n:
-        raise _Damage("format counts do not add up to the batch size")
+    n, table = _batch_head(cur)
+    k = len(table)
     order = cur.ints(n) if k > 1 else None
     strings = state.strings
     rows = {}
