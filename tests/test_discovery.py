@@ -264,3 +264,30 @@ def test_discovery_races_with_hooking(engine, threads=2):
     rec.assert_exactly_once()
     assert len(rec.entries) == before + 10  # every function is hooked now
 
+
+
+def test_first_call_at_the_recursion_limit(engine):
+    """Discovery needs a few frames: met first at the program's recursion limit, the code
+    runs untouched (no internal error) and, if it could not be registered there, is on a
+    later call."""
+    name = fresh_name()
+    ns = {"__name__": name}
+    exec("def deep():\n    return 1\n", ns)
+    rec = Recorder(f"*:mod:{name}")
+    engine.register_ftrace_graph(rec)
+    errors = engine.stats()["internal_errors"]
+
+    def probe():
+        try:
+            return probe()
+        except RecursionError:  # as deep as calls go: the first call of deep() is here
+            return ns["deep"]()
+
+    try:
+        assert probe() == 1
+        assert ns["deep"]() == 1
+    finally:
+        engine.unregister_ftrace_graph(rec)
+    assert engine.stats()["internal_errors"] == errors
+    assert rec.names() in (["deep"], ["deep", "deep"])
+    rec.assert_exactly_once()

@@ -873,6 +873,11 @@ sight(PyObject *const *args, Py_ssize_t nargs, int busy)
         Py_DECREF(frame);
         int seen = r ? PyObject_IsTrue(r) : -1;
         Py_XDECREF(r);
+        if (seen < 0 && PyErr_ExceptionMatches(PyExc_RecursionError)) {
+            PyErr_Clear(); /* the program is at its recursion limit: look again next time */
+            Py_DECREF(key);
+            Py_RETURN_NONE;
+        }
         if (seen < 0)
             goto error;
         if (lookup(code) != NULL) { /* a filter wants it: this very call is a hooked one */
@@ -885,8 +890,10 @@ sight(PyObject *const *args, Py_ssize_t nargs, int busy)
         }
     }
     /* No Python code runs from here to the answer (an int into a set), so the engine, which
-     * looks at _disabled right after publishing a table, cannot miss this DISABLE. */
-    if (PySet_Add(disabled_ids, key) < 0)
+     * looks at _disabled right after publishing a table, cannot miss this DISABLE. A module
+     * or class body is never hooked: not noted. */
+    if (PyCode_Check(code) && (((PyCodeObject *)code)->co_flags & CO_NEWLOCALS) &&
+        PySet_Add(disabled_ids, key) < 0)
         goto error;
     Py_DECREF(key);
     if (lookup(code) != NULL)

@@ -216,6 +216,7 @@ _discover: Callable[[CodeType, FrameType | None], bool] | None = None
 _known: Any = {}  # id(code) -> anything, for every code object the registry knows
 _disabled: set[int] = set()  # ids of code answered DISABLE since the last restart_events()
 _DISABLE = sys.monitoring.DISABLE
+_CO_NEWLOCALS = 0x0002  # co_flags of a function's code (not a module or class body)
 
 
 class _ThreadEndGuard:
@@ -509,6 +510,8 @@ def _sight(code: CodeType, offset: int, up: int, busy: bool) -> Any:
             return None  # a handler or rethook's own work: discovered when the program runs it
         try:
             seen = discover(code, _getframe(up + 1))
+        except RecursionError:  # the program is at its recursion limit: look again next time
+            return None
         except Exception as e:  # a bug of rethook's: never the program's problem
             internal_error(e)
             return None
@@ -516,7 +519,8 @@ def _sight(code: CodeType, offset: int, up: int, busy: bool) -> Any:
             return _on_start(code, offset, up + 2)
         if not seen:
             return None  # the hook could not register it now: look again next time
-    _disabled.add(key)
+    if code.co_flags & _CO_NEWLOCALS:  # (a module or class body is never hooked: not noted)
+        _disabled.add(key)
     # From here to the return nothing may let another thread run (no call): the engine looks
     # at _disabled right after publishing a table, to decide on restart_events().
     if key in _table:
