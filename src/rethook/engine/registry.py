@@ -34,14 +34,14 @@ Generated code
 --------------
 Code compiled from a string (a file name like ``<string>``) has a ``co_qualname`` that says
 how it was made, not what it is (``__create_fn__.<locals>.__init__`` for a dataclass's
-``__init__``, ``<lambda>`` for a namedtuple's ``__new__``). When the registry meets such code
-as a function it names it after the function: the function's ``__qualname__`` (which the
-generators set), in the module of the class it belongs to. Met running, the function is found
-from the call's first argument (``self`` or ``cls``): the first class of its MRO whose own dict
-holds a function (possibly wrapped) with this very code. Otherwise the qualname is
-``co_qualname`` and the module is the one whose namespace the code runs in (its globals'
-``__name__``), else the module that ran the ``exec``/``eval`` that made it, else the pseudo
-file name.
+``__init__``, ``<lambda>`` for a namedtuple's ``__new__``). A method is named after the
+attribute it serves, in its class's module (``mymod.Point.__init__``): the class is the one
+whose own dict holds the function (possibly wrapped), found in a module's namespace after an
+import, or, for code met running, from the call's first argument (``self`` or ``cls``) by
+walking its MRO. A function found outside a class keeps its ``__qualname__``. Code met running
+that is no method is ``co_qualname`` in the module whose namespace it runs in (its globals'
+``__name__``), else in the module that ran the ``exec``/``eval`` that made it, else under its
+pseudo file name. (docs/functions.md, "Generated code".)
 
 Names (see docs/functions.md) are ``module.qualname`` and never change once handed out.
 """
@@ -759,7 +759,7 @@ def _namespace_functions(mod: ModuleType, known: dict[int, FunctionInfo],
     modname = mod.__dict__.get("__name__")
 
     def visit(value: object, depth: int, klass: type | None, attr: str) -> None:
-        if isinstance(value, type):
+        if issubclass(type(value), type):  # (isinstance would read a proxy's __class__)
             if depth < 6 and id(value) not in seen:
                 seen.add(id(value))
                 ns = _class_dict(value)
