@@ -80,15 +80,18 @@ def test_a_filter_naming_generated_functions_before_they_exist(tmp_path: Path) -
 
 # --- a plugin loaded past the import hook ---------------------------------------------------
 def test_plugin_loaded_with_exec_module(tmp_path: Path) -> None:
+    """Also a zipimported module and a frozen one (``__hello__``)."""
     plain = run("plugin_host.py")
     out = tmp_path / "t.dat"
-    traced = rethook("record", "-o", str(out), "-l", "*:mod:greet_plugin", "plugin_host.py")
+    traced = rethook("record", "-o", str(out), "-l",
+                     "*:mod:greet_plugin *:mod:zipped_mod *:mod:__hello__", "plugin_host.py")
     assert traced.stdout == plain.stdout
     assert strip_summary(traced.stderr)[0] == plain.stderr
     assert traced.returncode == plain.returncode == 0
     lines = report_lines(out)
-    assert calls_of(lines, "greet_plugin.greet") == 3
-    assert calls_of(lines, "greet_plugin.shout") == 3
+    for name, n in (("greet_plugin.greet", 3), ("greet_plugin.shout", 3),
+                    ("zipped_mod.zipped", 2), ("__hello__.main", 1)):
+        assert calls_of(lines, name) == n, (name, lines)
 
 
 # --- pytest: test modules imported by its assertion-rewriting hook --------------------------
