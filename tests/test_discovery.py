@@ -42,7 +42,7 @@ def exec_module(name: str, source: str, tmp_path) -> object:
     return mod
 
 
-def hooked(engine, code) -> bool:
+def is_hooked(engine, code) -> bool:
     return any(info.code is code for info, _, _ in engine.enabled_functions())
 
 
@@ -52,14 +52,14 @@ def test_exec_code_is_hooked_from_its_first_call(engine):
     engine.register_ftrace_graph(rec)
     try:
         ns = {"__name__": name}
-        exec("def scale(v, k):\n    return v * k\n", ns)
-        assert [ns["scale"](i, 2) for i in range(5)] == [0, 2, 4, 6, 8]
+        exec("def dx_scale(v, k):\n    return v * k\n", ns)
+        assert [ns["dx_scale"](i, 2) for i in range(5)] == [0, 2, 4, 6, 8]
     finally:
         engine.unregister_ftrace_graph(rec)
-    assert rec.names() == ["scale"] * 5  # the very first call included
+    assert rec.names() == ["dx_scale"] * 5  # the very first call included
     rec.assert_exactly_once()
     assert [r[2] for r in rec.returns] == [0, 2, 4, 6, 8]
-    assert engine.registry.lookup(ns["scale"].__code__).name == f"{name}.scale"
+    assert engine.registry.lookup(ns["dx_scale"].__code__).name == f"{name}.dx_scale"
 
 
 def test_exec_code_without_a_module_is_named_where_it_was_made(engine):
@@ -67,12 +67,12 @@ def test_exec_code_without_a_module_is_named_where_it_was_made(engine):
     engine.register_ftrace_graph(rec)
     try:
         ns: dict = {}  # no __name__: the module that ran exec() names it
-        exec("def orphan():\n    return 7\n", ns)
-        assert ns["orphan"]() == 7
+        exec("def dx_orphan():\n    return 7\n", ns)
+        assert ns["dx_orphan"]() == 7
     finally:
         engine.unregister_ftrace_graph(rec)
-    assert engine.registry.lookup(ns["orphan"].__code__).name == "test_discovery.orphan"
-    assert rec.names() == ["orphan"]
+    assert engine.registry.lookup(ns["dx_orphan"].__code__).name == "test_discovery.dx_orphan"
+    assert rec.names() == ["dx_orphan"]
 
 
 def test_generated_code_of_a_module_loaded_past_the_import_hook(engine, tmp_path, capsys):
@@ -106,27 +106,27 @@ def test_generated_code_of_a_module_loaded_past_the_import_hook(engine, tmp_path
 def test_a_filter_change_hooks_code_that_discovery_had_disabled(engine, tmp_path):
     name = fresh_name()
     mod = exec_module(name, """
-        def used(i):
+        def dx_used(i):
             return i + 1
 
-        def other(i):
+        def dx_other(i):
             return i - 1
     """, tmp_path)
-    rec = Recorder(f"{name}.used")
+    rec = Recorder(f"{name}.dx_used")
     engine.register_ftrace_graph(rec)
     try:
         for i in range(3):
-            mod.used(i)
-            mod.other(i)  # seen by discovery, nobody wants it: disabled
-        assert id(mod.other.__code__) in engine.core.disabled()
-        rec.set_filter(f"{name}.other", append=True)
-        assert hooked(engine, mod.other.__code__)
-        assert id(mod.other.__code__) not in engine.core.disabled()  # restart_events() ran
+            mod.dx_used(i)
+            mod.dx_other(i)  # seen by discovery, nobody wants it: disabled
+        assert id(mod.dx_other.__code__) in engine.core.disabled()
+        rec.set_filter(f"{name}.dx_other", append=True)
+        assert is_hooked(engine, mod.dx_other.__code__)
+        assert id(mod.dx_other.__code__) not in engine.core.disabled()  # restart_events() ran
         for i in range(3):
-            mod.other(i)
+            mod.dx_other(i)
     finally:
         engine.unregister_ftrace_graph(rec)
-    assert rec.names() == ["used"] * 3 + ["other"] * 3
+    assert rec.names() == ["dx_used"] * 3 + ["dx_other"] * 3
     rec.assert_exactly_once()
 
 
@@ -135,37 +135,37 @@ def test_another_tool_restarting_events(engine, tmp_path):
     more and disabled again; hooked code keeps exactly one return per entry."""
     name = fresh_name()
     mod = exec_module(name, """
-        def hooked(i):
-            return unwatched(i) + 1
+        def dx_hooked(i):
+            return dx_unwatched(i) + 1
 
-        def unwatched(i):
+        def dx_unwatched(i):
             return i
     """, tmp_path)
-    rec = Recorder(f"{name}.hooked")
+    rec = Recorder(f"{name}.dx_hooked")
     engine.register_ftrace_graph(rec)
-    key = id(mod.unwatched.__code__)
+    key = id(mod.dx_unwatched.__code__)
     try:
-        mod.hooked(0)
+        mod.dx_hooked(0)
         assert key in engine.core.disabled()
         for i in range(3):
             engine.core.disabled().discard(key)
             sys.monitoring.restart_events()  # another tool's
-            mod.hooked(i)
+            mod.dx_hooked(i)
             assert key in engine.core.disabled()  # seen again, disabled again
     finally:
         engine.unregister_ftrace_graph(rec)
-    assert rec.names() == ["hooked"] * 4
+    assert rec.names() == ["dx_hooked"] * 4
     rec.assert_exactly_once()
 
 
 def test_stop_leaves_no_disabled_location_behind(engine, tmp_path):
     """The next tool to take rethook's tool id sees every code object again."""
-    mod = exec_module(fresh_name(), "def seen():\n    return 1\n", tmp_path)
+    mod = exec_module(fresh_name(), "def dx_seen():\n    return 1\n", tmp_path)
     rec = Recorder("fib")
     engine.register_ftrace_graph(rec)
     tool = engine.tool_id
-    mod.seen()
-    assert id(mod.seen.__code__) in engine.core.disabled()
+    mod.dx_seen()
+    assert id(mod.dx_seen.__code__) in engine.core.disabled()
     engine.unregister_ftrace_graph(rec)  # the last user: the engine stops
     assert not engine.running and not engine.core.disabled()
     ev = sys.monitoring.events
@@ -174,36 +174,36 @@ def test_stop_leaves_no_disabled_location_behind(engine, tmp_path):
     try:
         sys.monitoring.register_callback(tool, ev.PY_START, lambda code, off: started.append(code))
         sys.monitoring.set_events(tool, ev.PY_START)
-        mod.seen()
+        mod.dx_seen()
         sys.monitoring.set_events(tool, 0)
     finally:
         sys.monitoring.register_callback(tool, ev.PY_START, None)
         sys.monitoring.free_tool_id(tool)
-    assert mod.seen.__code__ in started
+    assert mod.dx_seen.__code__ in started
 
 
 def test_code_first_run_inside_a_handler_is_discovered_when_the_program_runs_it(engine):
     name = fresh_name()
     ns = {"__name__": name}
-    exec("def helper(x):\n    return x * 3\n", ns)
-    helper = ns["helper"]
+    exec("def dx_helper(x):\n    return x * 3\n", ns)
+    dx_helper = ns["dx_helper"]
 
     class Calls(Recorder):
         def entryfunc(self, code, frame, depth, t):
             if code.co_name == "fib":
-                helper(1)  # first run ever, in a handler: not discovered there
+                dx_helper(1)  # first run ever, in a handler: not discovered there
             return super().entryfunc(code, frame, depth, t)
 
     rec = Calls(f"*:mod:{name} fib")
     engine.register_ftrace_graph(rec)
     try:
         calls.fib(1)
-        assert engine.registry.lookup(helper.__code__) is None
+        assert engine.registry.lookup(dx_helper.__code__) is None
         assert engine.stats()["recursion"] == 0  # an unhooked call in a handler: no miss
-        helper(2)
+        dx_helper(2)
     finally:
         engine.unregister_ftrace_graph(rec)
-    assert rec.names() == ["fib", "helper"]
+    assert rec.names() == ["fib", "dx_helper"]
     rec.assert_exactly_once()
 
 
@@ -214,12 +214,12 @@ def test_available_filter_functions_lists_generated_code(engine):
         fs.write("set_ftrace_filter", f"*:mod:{name}")
         fs.write("current_tracer", "function")
         ns = {"__name__": name}
-        exec("def made():\n    return 1\n", ns)
-        assert f"{name}.made" not in fs.read("available_filter_functions").split()
-        ns["made"]()
-        assert f"{name}.made" in fs.read("available_filter_functions").split()
+        exec("def dx_made():\n    return 1\n", ns)
+        assert f"{name}.dx_made" not in fs.read("available_filter_functions").split()
+        ns["dx_made"]()
+        assert f"{name}.dx_made" in fs.read("available_filter_functions").split()
         fs.write("tracing_on", "0")
-        assert f"{name}.made" in fs.read("trace")
+        assert f"{name}.dx_made" in fs.read("trace")
     finally:
         fs.close()
 
@@ -272,7 +272,7 @@ def test_first_call_at_the_recursion_limit(engine):
     later call."""
     name = fresh_name()
     ns = {"__name__": name}
-    exec("def deep():\n    return 1\n", ns)
+    exec("def dx_deep():\n    return 1\n", ns)
     rec = Recorder(f"*:mod:{name}")
     engine.register_ftrace_graph(rec)
     errors = engine.stats()["internal_errors"]
@@ -280,14 +280,14 @@ def test_first_call_at_the_recursion_limit(engine):
     def probe():
         try:
             return probe()
-        except RecursionError:  # as deep as calls go: the first call of deep() is here
-            return ns["deep"]()
+        except RecursionError:  # as deep as calls go: the first call of dx_deep() is here
+            return ns["dx_deep"]()
 
     try:
         assert probe() == 1
-        assert ns["deep"]() == 1
+        assert ns["dx_deep"]() == 1
     finally:
         engine.unregister_ftrace_graph(rec)
     assert engine.stats()["internal_errors"] == errors
-    assert rec.names() in (["deep"], ["deep", "deep"])
+    assert rec.names() in (["dx_deep"], ["dx_deep", "dx_deep"])
     rec.assert_exactly_once()

@@ -69,29 +69,30 @@ def test_the_trace_file_in_time_order(engine) -> None:
     stamps = timestamps(lines, TIMESTAMP)
     assert len(stamps) > 6 * ROUNDS
     assert never_decrease(stamps)
-    assert sum("test_time_order.leaf" in line for line in lines) == 3 * ROUNDS
+    assert sum("test_time_order.handoff_leaf" in line for line in lines) == 3 * ROUNDS
 
 
-def leaf(i: int) -> int:
+def handoff_leaf(i: int) -> int:
     return i + 1
 
 
-def turn(i: int, me: threading.Event, following: threading.Event) -> int:
+def handoff_turn(i: int, me: threading.Event, following: threading.Event) -> int:
     me.wait()
     me.clear()
-    value = leaf(i)
+    value = handoff_leaf(i)
     following.set()
     return value
 
 
-def worker(rounds: int, me: threading.Event, following: threading.Event) -> None:
+def handoff_worker(rounds: int, me: threading.Event, following: threading.Event) -> None:
     for i in range(rounds):
-        turn(i, me, following)
+        handoff_turn(i, me, following)
 
 
 def _handoff(n: int, rounds: int) -> None:
     events = [threading.Event() for _ in range(n)]
-    threads = [threading.Thread(target=worker, args=(rounds, events[k], events[(k + 1) % n]))
+    threads = [threading.Thread(target=handoff_worker,
+                                args=(rounds, events[k], events[(k + 1) % n]))
                for k in range(n)]
     for t in threads:
         t.start()

@@ -884,7 +884,8 @@ sight(PyObject *const *args, Py_ssize_t nargs, int busy)
             Py_DECREF(key);
             return on_start(NULL, args, nargs);
         }
-        if (!seen) { /* the hook could not register it now: look again next time */
+        if (!seen || discover_hook == NULL) { /* not registered now (look again next time),
+                                                 * or the engine stopped meanwhile */
             Py_DECREF(key);
             Py_RETURN_NONE;
         }

@@ -517,8 +517,8 @@ def _sight(code: CodeType, offset: int, up: int, busy: bool) -> Any:
             return None
         if key in _table:  # a filter wants it: this very call is a hooked one
             return _on_start(code, offset, up + 2)
-        if not seen:
-            return None  # the hook could not register it now: look again next time
+        if not seen or _discover is None:
+            return None  # not registered now (look again next time), or the engine stopped
     if code.co_flags & _CO_NEWLOCALS:  # (a module or class body is never hooked: not noted)
         _disabled.add(key)
     # From here to the return nothing may let another thread run (no call): the engine looks
