@@ -292,6 +292,38 @@ def test_both_cores_make_the_same_calls():
 
 
 # --- the C core under stress --------------------------------------------------------------
+@needs_c
+def test_publish_adds_new_entries_in_place():
+    """publish(table, added): the published dict grown by new entries is stored without a
+    rebuild while the hash has room, rebuilt otherwise; a bad entry changes nothing."""
+    from rethook.engine import _ccore
+
+    codes = [compile(f"def f{i}(): pass", "<t>", "exec").co_consts[0] for i in range(200)]
+    entry = lambda c: ((), (), 0, (c,))  # noqa: E731
+    saved = _ccore.table()
+    try:
+        table = {id(c): entry(c) for c in codes[:10]}
+        _ccore.publish(table)
+        for start in range(10, 200, 10):  # grows past the first hash's room: rebuilt then
+            added = {id(c): entry(c) for c in codes[start:start + 10]}
+            table.update(added)
+            _ccore.publish(table, added)
+            assert _ccore.table() is table
+            assert all(_ccore.lookup(c) == entry(c) for c in codes[:start + 10])
+            assert _ccore.lookup(codes[-1]) is None or start + 10 == 200
+        before = [_ccore.lookup(c) for c in codes]
+        with pytest.raises(TypeError):
+            extra = compile("def g(): pass", "<t>", "exec").co_consts[0]
+            _ccore.publish(table, {id(extra): entry(extra), id(codes[0]) + 1: ("bad",)})
+        assert [_ccore.lookup(c) for c in codes] == before  # all or nothing
+        again = {id(codes[0]): ((), (), 2, (codes[0],))}  # not new: a rebuild from the dict
+        table.update(again)
+        _ccore.publish(table, again)
+        assert _ccore.lookup(codes[0]) == again[id(codes[0])]
+    finally:
+        _ccore.publish(saved)
+
+
 def test_frames_are_the_called_functions(cengine):
     seen = []
     rec = FgraphOps(lambda code, frame, depth, t: seen.append(frame.f_code is code) or True,

@@ -140,6 +140,17 @@ def test_async_programs(scenario, core):
     run_and_check(scenario)
 
 
+@_settings(40)
+@given(scenario=scenarios())
+def test_programs_loaded_past_the_import_hook(scenario, core):
+    """Discovery: the program is loaded once the users are registered, the way plugin
+    loaders do (``exec_module``), so the engine meets its code only as it runs; the same
+    contract holds (its functions hooked from their first call)."""
+    program, users, steps = scenario
+    check(run(program, users, steps, late=True))
+    assert not get_engine().running
+
+
 @_settings(100)
 @given(scenario=st.booleans().flatmap(
     lambda is_async: scenarios(is_async=is_async, handler_steps=("entry", "ret"))))

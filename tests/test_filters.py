@@ -473,7 +473,8 @@ GLOBISH = st.text(alphabet=st.sampled_from(list("fibsendhlpr_.*?[]!-<>@9:modSt")
                   max_size=12)
 
 
-@settings(max_examples=150, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(glob=GLOBISH)
 def test_validation_agrees_with_matching(reg: Registry, glob: str) -> None:
     # Writes validate through a search index; matches() runs compiled tests. They must agree.

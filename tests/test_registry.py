@@ -261,10 +261,14 @@ def test_generated_code_named_after_its_function() -> None:
         assert n in {i.base_name for i in listed.values()}
         assert n in {i.base_name for i in reported}
     assert reg.info(mod.Point.__init__.__code__).base_name == "rh_generated.Point.__init__"
-    # namedtuple's __new__ lives in a pseudo-module named after the tuple (another "Pair" may
-    # exist elsewhere, hence the base name).
+    # namedtuple's __new__ runs in a pseudo-module named after the tuple; it is named in the
+    # module of its class (another "Pair" may exist elsewhere, hence the base name). The
+    # dataclass's __repr__ is wrapped by reprlib: the generated code is named after the
+    # attribute it serves.
     new = reg.info(mod.Pair.__new__.__code__)
-    assert (new.module, new.base_qualname) == ("namedtuple_Pair", "Pair.__new__")
+    assert (new.module, new.base_qualname) == ("rh_generated", "Pair.__new__")
+    inner = mod.Point.__repr__.__wrapped__.__code__
+    assert reg.info(inner).base_name == "rh_generated.Point.__repr__"
 
 
 # --- add_code, info, stability ------------------------------------------------------------------

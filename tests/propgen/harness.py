@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import importlib
+import importlib.util
 import io
 import itertools
 import os
@@ -393,13 +394,29 @@ def load(program: Program) -> tuple[Any, str, str]:
     source = render(program)
     mod = _loaded.get(source)
     if mod is None:
-        name = f"rh_prop_{os.getpid()}_{next(_modules)}"
-        path = os.path.join(_module_dir(), name + ".py")
-        with open(path, "w") as f:
-            f.write(source)
-        importlib.invalidate_caches()
+        name, _ = _write(source)
         mod = _loaded[source] = importlib.import_module(name)
     return mod, mod.__name__, source
+
+
+def _write(source: str) -> tuple[str, str]:
+    name = f"rh_prop_{os.getpid()}_{next(_modules)}"
+    path = os.path.join(_module_dir(), name + ".py")
+    with open(path, "w") as f:
+        f.write(source)
+    importlib.invalidate_caches()
+    return name, path
+
+
+def load_past_import_hook(name: str, path: str) -> Any:
+    """Load a written program the way plugin loaders do, past every import hook
+    (``spec_from_file_location(...).loader.exec_module``): the engine meets its code only
+    when it runs (discovery)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def bind(mod: Any, runner: Runner, log: list, keep: list, tasks: list) -> Any:
@@ -433,13 +450,21 @@ def run_entry(mod: Any, program: Program, cids: Any) -> str | None:
     return None
 
 
-def run(program: Program, specs: list[UserSpec], actions: tuple[Action, ...]) -> Outcome:
+def run(program: Program, specs: list[UserSpec], actions: tuple[Action, ...],
+        late: bool = False) -> Outcome:
     """Import the program, register the initial users, run it with the live steps, tear down.
+    ``late``: load the program only once the initial users are registered, past the import
+    hook (:func:`load_past_import_hook`).
 
     Every user is unregistered in a ``finally`` (so a failing example leaves a clean engine)."""
     eng = get_engine()
     known.probe_all()  # now, not from inside a handler
-    mod, name, source = load(program)
+    if late:
+        mod = None
+        source = render(program)
+        name, path = _write(source)
+    else:
+        mod, name, source = load(program)
     log: list = []
     errors: list[str] = []
     keep: list = []
@@ -458,7 +483,8 @@ def run(program: Program, specs: list[UserSpec], actions: tuple[Action, ...]) ->
         if ts is not None:
             ts.stack.clear()
         eng.core.parked().clear()
-    cids = bind(mod, runner, log, keep, tasks)
+    if mod is not None:
+        cids = bind(mod, runner, log, keep, tasks)
     out.stats_before = eng.stats()
     gc_was = gc.isenabled()
     gc.disable()
@@ -472,6 +498,9 @@ def run(program: Program, specs: list[UserSpec], actions: tuple[Action, ...]) ->
             for u in users:
                 if u.spec.registered:
                     runner.register(u)
+            if mod is None:
+                mod = load_past_import_hook(name, path)
+                cids = bind(mod, runner, log, keep, tasks)
 
             out.top = run_entry(mod, program, cids)
             log.append(("end",))

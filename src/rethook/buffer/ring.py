@@ -85,6 +85,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
+from itertools import zip_longest
 from operator import itemgetter
 from types import CodeType
 from typing import Any, NamedTuple
@@ -783,12 +784,17 @@ class TraceBuffer:
 
     # -- readers ------------------------------------------------------------------------------
 
-    def iter_trace(self) -> Iterator[Event]:
+    def iter_trace(self, lookahead: bool = False) -> Iterator[Any]:
         """The ``trace`` file: every event held, all threads merged by timestamp.
 
-        Each thread's buffer is copied when the iteration starts; nothing is consumed.
+        Each thread's buffer is copied when the iteration starts; nothing is consumed. With
+        ``lookahead``, pairs ``(event, next event of its thread or None)``, as
+        ``TraceReader.ordered_events`` gives them.
         """
         per_thread = [buf.events() for buf in self.buffers()]
+        if lookahead:
+            return heapq.merge(*(zip_longest(events, events[1:]) for events in per_thread),
+                               key=_pair_time)
         return heapq.merge(*per_thread, key=itemgetter(1))
 
     def snapshot(self) -> list[Event]:
@@ -844,6 +850,10 @@ class TraceBuffer:
 #: Takes a round that is one native ring's records: ``feed(ring, tid, name_of)`` consumes
 #: the ring (see :meth:`TraceBuffer._consume_or_feed`).
 NativeFeed = Callable[[Any, int, Callable[[CodeType], str]], None]
+
+
+def _pair_time(pair: tuple[Event, Any]) -> int:
+    return pair[0][1]
 
 
 def _native_pending(ring: Any) -> bool:

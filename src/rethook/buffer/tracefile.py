@@ -15,6 +15,8 @@ offset of the first damaged chunk; everything before it is still read.
 
 from __future__ import annotations
 
+import bisect
+import heapq
 import io
 import json
 import os
@@ -25,7 +27,7 @@ import zlib
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from itertools import accumulate, compress, islice, repeat
+from itertools import accumulate, chain, compress, islice, repeat, zip_longest
 from operator import eq, itemgetter, sub
 from typing import IO, Any
 
@@ -812,6 +814,88 @@ class TraceReader:
     def __iter__(self) -> Iterator[Event | Lost]:
         return self.events()
 
+    def ordered_events(self, lost: bool = False, lookahead: bool = False) -> Iterator[Any]:
+        """Every event in time order across threads: what the views show.
+
+        The file's own order is time order within each thread only: a recorder drains the
+        threads one after another, and an event stamped before a drain round may be written
+        after it. So, the way ``trace-cmd report`` merges per-CPU streams, this merges the
+        threads' streams by timestamp (ties: the thread met first in the file first), each
+        thread's events staying in their recorded order. A first pass notes which threads
+        each events chunk holds (decoding only the thread-id columns); the merge then decodes
+        each chunk once, when the first of its events is due, and keeps only the events
+        decoded but not yet due. With ``lost=True`` each Lost marker comes where it fell in
+        its thread's stream. With ``lookahead=True`` each item comes as a pair ``(item,
+        next)``: ``next`` is the following item of the same thread (None at its end), which a
+        function_graph view needs to tell a leaf call when its entry is due, as the kernel's
+        peeks at the next event of the same CPU. Damage ends the first pass: everything
+        before it is merged and delivered, then the error is raised (or warned about), as
+        with :meth:`events`.
+        """
+        return chain.from_iterable(self._runs_by_time(lost, lookahead))
+
+    def _runs_by_time(self, lost: bool, lookahead: bool) -> Iterator[list]:
+        """:meth:`ordered_events` as runs of one thread's items at a time."""
+        state = _State()
+        streams: dict[int, list[int | Lost]] = {}  # tid -> chunk offsets and Lost, file order
+        chunk_tids: dict[int, set[int]] = {}  # chunk offset -> its threads
+        damage: TraceFileError | None = None
+        try:
+            for offset, tag, payload in self._chunks():
+                if tag == TAG_EVENTS:
+                    try:
+                        n, tids = _batch_threads(state, payload)
+                    except (_Damage, ValueError, struct.error, IndexError) as exc:
+                        raise self._bad_chunk(offset, TAG_EVENTS, exc) from None
+                    state.events += n
+                    chunk_tids[offset] = tids
+                    for tid in tids:
+                        streams.setdefault(tid, []).append(offset)
+                elif tag == TAG_LOST:
+                    item = self._decode_lost(offset, payload)
+                    streams.setdefault(item.tid, []).append(item)
+                else:
+                    self._apply(state, offset, tag, payload)
+        except TraceFileError as exc:
+            damage = exc
+        parts: dict[int, dict[int, list[Event]]] = {}  # decoded chunks' events not yet due
+
+        def take(offset: int, tid: int) -> list[Event]:
+            by_tid = parts.get(offset)
+            if by_tid is None:
+                payload = self._payload_at(offset)
+                try:
+                    events = _decode_batch(state, payload)
+                except (_Damage, ValueError, struct.error, IndexError, KeyError) as exc:
+                    raise self._bad_chunk(offset, TAG_EVENTS, exc) from None
+                tids = chunk_tids.pop(offset)
+                if len(tids) == 1:
+                    by_tid = {tid: events}
+                else:  # one C-speed pass per thread
+                    column = list(map(itemgetter(2), events))
+                    by_tid = {t: list(compress(events, map(eq, column, repeat(t)))) for t in tids}
+                parts[offset] = by_tid
+            mine = by_tid.pop(tid, [])
+            if not by_tid:
+                del parts[offset]
+            return mine
+
+        try:
+            yield from _merge_by_time(streams, take, lost, lookahead)
+        except TraceFileError as exc:  # a chunk whose thread ids were fine but not the rest
+            damage = exc
+        self._done = state
+        self.damage = damage
+        if damage is not None:
+            self._report(damage)
+
+    def _payload_at(self, offset: int) -> memoryview:
+        """The payload of the (already checked) chunk at ``offset``."""
+        f = self._file
+        f.seek(offset)
+        _tag, length = _CHUNK_HEAD.unpack(f.read(_CHUNK_HEAD.size))
+        return memoryview(f.read(length))
+
     # -- passes ---------------------------------------------------------------------------
 
     def _pass(self, decode: bool, lost: bool) -> Iterator[Event | Lost]:
@@ -1058,8 +1142,28 @@ def _decode_threads(payload: memoryview) -> dict[int, str]:
     return threads
 
 
-def _decode_batch(state: _State, payload: memoryview) -> list[Event]:
-    cur = _Cursor(payload)
+def _skip_column(cur: _Cursor, ftype: str, count: int) -> None:
+    """Step over one column of ``count`` values without decoding it."""
+    if ftype == "f64":
+        cur.take(8 * count)
+        return
+    kind = cur.byte()
+    if kind == _INT_PLAIN:
+        cur.take(cur.width().size * count)
+    elif kind == _INT_DELTA:
+        cur.take(_I64.size)
+        cur.take(cur.width().size * (count - 1))
+    elif kind == _INT_CONST:
+        cur.bigint()
+    elif kind == _INT_BIG:
+        for _ in range(count):
+            cur.bigint()
+    else:
+        raise _Damage(f"unknown integer column encoding {kind}")
+
+
+def _batch_head(cur: _Cursor) -> tuple[int, list[tuple[int, int]]]:
+    """A batch's event count and its table of (format id, count)."""
     (n,) = cur.unpack(_U32)
     (k,) = cur.unpack(_U16)
     if k == 0 or n == 0 or n > MAX_BATCH_EVENTS:
@@ -1067,6 +1171,113 @@ def _decode_batch(state: _State, payload: memoryview) -> list[Event]:
     table = [struct.unpack("<II", cur.take(8)) for _ in range(k)]
     if sum(count for _, count in table) != n:
         raise _Damage("format counts do not add up to the batch size")
+    return n, table
+
+
+def _batch_threads(state: _State, payload: memoryview) -> tuple[int, set[int]]:
+    """The number of events of a batch and the thread ids among them (only the thread-id
+    columns are decoded)."""
+    cur = _Cursor(payload)
+    n, table = _batch_head(cur)
+    if len(table) > 1:
+        _skip_column(cur, "u64", n)
+    tids: set[int] = set()
+    for fid, count in table:
+        fmt = state.formats.get(fid)
+        if fmt is None:
+            raise _Damage(f"events of undefined format {fid}")
+        _skip_column(cur, "u64", count)  # common_ts
+        tids.update(cur.ints(count))
+        for field in fmt.fields:
+            _skip_column(cur, field.type, count)
+    cur.end()
+    return n, tids
+
+
+class _Stream:
+    """One thread's events for :func:`_merge_by_time`: its segments (chunk offsets and Lost
+    markers, in file order) and the items loaded from them and not yet due, with their merge
+    keys."""
+
+    __slots__ = ("tid", "order", "segments", "next", "items", "keys", "pos", "last")
+
+    def __init__(self, tid: int, order: int, segments: list[int | Lost]) -> None:
+        self.tid = tid
+        self.order = order
+        self.segments = segments
+        self.next = 0  # the next segment to load
+        self.items: list[Event | Lost] = []
+        self.keys: list[int] = []  # timestamps of items (a Lost: its next event's)
+        self.pos = 0  # the next item due
+        self.last = 0  # the last timestamp loaded (key of Lost markers that end a stream)
+
+    def load(self, take: Callable[[int, int], list[Event]], lost: bool) -> bool:
+        """Append the next chunk's events (after the Lost markers before them) to the items
+        not yet due; False when the stream has nothing more."""
+        pending: list[Lost] = []
+        segments = self.segments
+        events: list[Event] = []
+        while self.next < len(segments) and not events:
+            seg = segments[self.next]
+            self.next += 1
+            if isinstance(seg, Lost):
+                if lost:
+                    pending.append(seg)
+            else:
+                events = take(seg, self.tid)
+        if not events and not pending:
+            return False
+        keys = [ev[1] for ev in events]
+        if keys:
+            self.last = keys[-1]
+        first = keys[0] if keys else self.last
+        if self.pos:  # drop what is already due
+            del self.items[:self.pos], self.keys[:self.pos]
+            self.pos = 0
+        self.items += pending
+        self.items += events
+        self.keys += [first] * len(pending)
+        self.keys += keys
+        return True
+
+
+def _merge_by_time(streams: dict[int, list[int | Lost]],
+                   take: Callable[[int, int], list[Event]],
+                   lost: bool, lookahead: bool) -> Iterator[list]:
+    """Merge per-thread streams by timestamp (see :meth:`TraceReader.ordered_events`),
+    yielding runs of one thread: its items due before the next thread's head (with
+    ``lookahead``, as pairs of an item and the next item of its thread, or None)."""
+    states = [_Stream(tid, order, segs) for order, (tid, segs) in enumerate(streams.items())]
+    heap = [(st.keys[0], st.order) for st in states if st.load(take, lost)]
+    heapq.heapify(heap)
+    while heap:
+        st = states[heap[0][1]]
+        if len(heap) > 1:
+            key, order = heap[1] if len(heap) == 2 or heap[1] < heap[2] else heap[2]
+            # due: up to the next thread's head; at a tie, the thread met first goes first
+            due = bisect.bisect_right if st.order < order else bisect.bisect_left
+        while True:
+            items, keys, pos = st.items, st.keys, st.pos
+            end = len(items) if len(heap) == 1 else due(keys, key, pos)
+            # the item after the run gives the thread's next key (and the run's last lookahead)
+            if end < len(items) or not st.load(take, lost):
+                break
+        items, pos = st.items, st.pos
+        if lookahead:
+            yield list(zip_longest(items[pos:end], items[pos + 1:end + 1]))
+        else:
+            yield items[pos:end] if pos or end < len(items) else items
+        st.pos = end
+        if end < len(items):
+            heapq.heapreplace(heap, (st.keys[end], st.order))
+        else:
+            heapq.heappop(heap)
+
+
+def _decode_batch(state: _State, payload: memoryview) -> list[Event]:
+    cur = _Cursor(payload)
+    n, table = _batch_head(cur)
+    k = len(table)
     order = cur.ints(n) if k > 1 else None
     strings = state.strings
     rows = {}

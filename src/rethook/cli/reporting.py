@@ -104,9 +104,11 @@ def _render(reader: TraceReader, overrides: list[str], out: IO[str]) -> None:
     write = out.write
     write(header)
     lines: list[str] = []
-    feed = renderer.feed
-    for ev in reader.events(lost=True):
-        lines.extend(feed(ev))
+    feed = renderer.feed_ahead
+    # time order across threads; each event with its thread's next (a graph leaf is told
+    # when its entry is due)
+    for ev, nxt in reader.ordered_events(lost=True, lookahead=True):
+        lines.extend(feed(ev, nxt))
         if len(lines) >= WRITE_BATCH:
             write("\n".join(lines) + "\n")
             lines.clear()

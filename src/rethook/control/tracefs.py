@@ -176,9 +176,10 @@ class Tracefs:
     def _read_trace(self) -> str:
         buf = self.ctx.buffer
         totals = buf.totals()
-        lines = render(self.tracer.name, buf.iter_trace(), self.ctx.formats, buf.threads(),
-                       self.ctx.options.as_dict(), stats=(totals.entries, totals.written),
-                       describe=self.describe())
+        lines = render(self.tracer.name, buf.iter_trace(lookahead=True), self.ctx.formats,
+                       buf.threads(), self.ctx.options.as_dict(),
+                       stats=(totals.entries, totals.written), describe=self.describe(),
+                       lookahead=True)
         return "".join(line + "\n" for line in lines)
 
     def _write_trace(self, text: str, append: bool) -> None:

@@ -29,6 +29,11 @@
  *    offers hooks, on_start pushes the dispatch's shared (code, reg, capsule) tuple and calls
  *    the hook with C values; the exits call its exit hook. No Python object per call.
  *  - Timestamps come from the trace clock (clock.h), shared with Python through _clock.
+ *  - Discovery (core.py's "Discovery"): on_start hands PY_START of code that is not in the
+ *    table to sight(), which asks the registry's hook about unknown code, dispatches the call
+ *    if that hooked it, and otherwise answers sys.monitoring.DISABLE (recording the code's id
+ *    in core._disabled), all without letting another thread run between its last look at the
+ *    table and the answer.
  *
  * Every callback runs with the GIL held. Python handlers it calls may release it; the objects
  * the callback works on are held by strong references across every such call.
@@ -91,6 +96,9 @@ static Py_ssize_t max_depth = 65536;
 static int sweeping;
 static PyObject *overflow_hook; /* None or NULL: no hook */
 static Py_ssize_t park_limit = 1024;
+/* Discovery (set_discovery): the registry's hook or NULL (off), its id(code) dict, core._disabled
+ * and sys.monitoring.DISABLE. */
+static PyObject *discover_hook, *known_ids, *disabled_ids, *monitoring_disable;
 
 /* ---------------------------------------------------------------------------------------- */
 /* The dispatch table: code address -> (entry_regs, graph_regs, flags, marker, direct).      */
@@ -919,6 +927,65 @@ direct_return(PyThreadState *tstate, PyObject *ts, PyObject *code, PyObject *exc
     return 1;
 }
 
+static PyObject *on_start(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+
+/* PY_START of code that is not in the table (core.py's _sight, see "Discovery" there): unknown
+ * code goes to the discovery hook (not while the thread is busy) and, if that hooked it, this
+ * very call is dispatched; anything else gets DISABLE. */
+static PyObject *
+sight(PyObject *const *args, Py_ssize_t nargs, int busy)
+{
+    if (discover_hook == NULL)
+        Py_RETURN_NONE; /* discovery is off: only hooked code has PY_START */
+    PyObject *code = args[0], *pending = NULL;
+    PyObject *key = PyLong_FromVoidPtr(code);
+    int known = key ? PyDict_Contains(known_ids, key) : -1;
+    if (known < 0)
+        goto error;
+    if (!known) {
+        if (busy) { /* a handler or rethook's own work: discovered when the program runs it */
+            Py_DECREF(key);
+            Py_RETURN_NONE;
+        }
+        PyObject *hook = Py_NewRef(discover_hook), *frame = current_frame();
+        PyObject *r = PyObject_CallFunctionObjArgs(hook, code, frame, NULL);
+        Py_DECREF(hook);
+        Py_DECREF(frame);
+        int seen = r ? PyObject_IsTrue(r) : -1;
+        Py_XDECREF(r);
+        if (seen < 0 && PyErr_ExceptionMatches(PyExc_RecursionError)) {
+            PyErr_Clear(); /* the program is at its recursion limit: look again next time */
+            Py_DECREF(key);
+            Py_RETURN_NONE;
+        }
+        if (seen < 0)
+            goto error;
+        if (lookup(code) != NULL) { /* a filter wants it: this very call is a hooked one */
+            Py_DECREF(key);
+            return on_start(NULL, args, nargs);
+        }
+        if (!seen || discover_hook == NULL) { /* not registered now (look again next time),
+                                                 * or the engine stopped meanwhile */
+            Py_DECREF(key);
+            Py_RETURN_NONE;
+        }
+    }
+    /* No Python code runs from here to the answer (an int into a set), so the engine, which
+     * looks at _disabled right after publishing a table, cannot miss this DISABLE. A module
+     * or class body is never hooked: not noted. */
+    if (PyCode_Check(code) && (((PyCodeObject *)code)->co_flags & CO_NEWLOCALS) &&
+        PySet_Add(disabled_ids, key) < 0)
+        goto error;
+    Py_DECREF(key);
+    if (lookup(code) != NULL)
+        Py_RETURN_NONE;
+    return Py_NewRef(monitoring_disable);
+error:
+    Py_XDECREF(key);
+    stash_error(&pending);
+    return finish(pending);
+}
+
 /* PY_START(code, offset): rule 1 (entry), rule 4 (recursion), rule 5 (depth). */
 static PyObject *
 on_start(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
@@ -934,6 +1001,8 @@ on_start(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
         return finish(pending);
     }
     if (ts_is_busy(ts)) {
+        if (lookup(code) == NULL) /* discovery's global PY_START: not a missed call */
+            return sight(args, nargs, 1);
         if (slot_incr(ts, ThreadState_t, ts_recursion, s_recursion) < 0 || missed(code, 0) < 0)
             stash_error(&pending);
         return finish(pending);
@@ -941,7 +1010,7 @@ on_start(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     if (!sweeping) {
         const Slot *fs = lookup(code);
         if (fs == NULL)
-            Py_RETURN_NONE; /* not (or no longer) hooked */
+            return sight(args, nargs, 0); /* unknown code (discovery), or no longer hooked */
         if (fs->direct != NULL && direct_start(tstate, ts, fs, code, &pending))
             return finish(pending);
     }
@@ -949,13 +1018,16 @@ on_start(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     SET_BUSY(ts, 1);
     PyObject *dispatch = NULL, *stack = NULL, *frame = NULL, *t = NULL, *depth_obj = NULL;
     PyObject *rec = NULL;
+    int unseen = 0;
     if (sweeping && wait_sweep(ts) < 0) {
         stash_error(&pending);
         goto done;
     }
     const Slot *s = lookup(code);
-    if (s == NULL)
-        goto done; /* not (or no longer) hooked */
+    if (s == NULL) {
+        unseen = 1; /* not hooked: seen for the first time (discovery), or no longer hooked */
+        goto done;
+    }
     dispatch = Py_NewRef(s->dispatch);
     PyObject *entry = s->entry, *graph = s->graph, *marker = s->marker;
     long flags = s->flags;
@@ -1065,6 +1137,8 @@ done:
     Py_XDECREF(dispatch);
     SET_BUSY(ts, 0);
     Py_DECREF(ts);
+    if (unseen && pending == NULL)
+        return sight(args, nargs, 0);
     return finish(pending);
 }
 
@@ -1393,18 +1467,135 @@ done:
 /* ---------------------------------------------------------------------------------------- */
 /* What CCore (rethook.engine.select) drives.                                               */
 
-static PyObject *
-publish(PyObject *Py_UNUSED(module), PyObject *dict)
+/* Read one entry of the engine's dict into *out (dispatch borrowed); -1 with an error set. */
+static int
+parse_entry(PyObject *key, PyObject *value, Slot *out)
 {
-    if (!PyDict_Check(dict)) {
-        PyErr_SetString(PyExc_TypeError, "publish() needs a dict {id(code): dispatch}");
+    void *addr = PyLong_AsVoidPtr(key);
+    if (addr == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "publish(): a key is 0");
+        return -1;
+    }
+    if (!PyTuple_Check(value) || PyTuple_GET_SIZE(value) < 4 || PyTuple_GET_SIZE(value) > 5 ||
+        !PyTuple_Check(PyTuple_GET_ITEM(value, 0)) ||
+        !PyTuple_Check(PyTuple_GET_ITEM(value, 1)) ||
+        !PyLong_Check(PyTuple_GET_ITEM(value, 2)) ||
+        (PyTuple_GET_ITEM(value, 3) != Py_None && !PyTuple_Check(PyTuple_GET_ITEM(value, 3)))) {
+        PyErr_SetString(PyExc_TypeError, "publish(): a dispatch entry is not "
+                        "(entry_regs tuple, graph_regs tuple, flags int, marker[, direct])");
+        return -1;
+    }
+    PyObject *direct_entry = PyTuple_GET_SIZE(value) == 5 ? PyTuple_GET_ITEM(value, 4) : Py_None;
+    const rh_direct *direct = NULL;
+    if (direct_entry != Py_None) {
+        if (!is_direct(direct_entry) || PyTuple_GET_SIZE(PyTuple_GET_ITEM(value, 0)) ||
+            PyTuple_GET_SIZE(PyTuple_GET_ITEM(value, 1)) != 1 ||
+            PyTuple_GET_ITEM(value, 3) == Py_None) {
+            PyErr_SetString(PyExc_TypeError, "publish(): a direct entry is "
+                            "(code, reg, capsule), for one graph user and a marker");
+            return -1;
+        }
+        direct = PyCapsule_GetPointer(PyTuple_GET_ITEM(direct_entry, 2), RH_DIRECT_CAPSULE);
+        if (direct == NULL)
+            return -1;
+    }
+    long flags = PyLong_AsLong(PyTuple_GET_ITEM(value, 2));
+    if (flags == -1 && PyErr_Occurred())
+        return -1;
+    out->key = addr;
+    out->dispatch = value;
+    out->entry = PyTuple_GET_ITEM(value, 0);
+    out->graph = PyTuple_GET_ITEM(value, 1);
+    out->marker = PyTuple_GET_ITEM(value, 3) == Py_None ? NULL : PyTuple_GET_ITEM(value, 3);
+    out->direct_entry = direct ? direct_entry : NULL;
+    out->direct = direct;
+    out->flags = flags;
+    return 0;
+}
+
+/* The slot of `addr` in tb: its own, or the empty one where it goes. */
+static Slot *
+probe(Table *tb, const void *addr)
+{
+    size_t i = hash_ptr(addr) & tb->mask;
+    while (tb->slots[i].key != NULL && tb->slots[i].key != addr)
+        i = (i + 1) & tb->mask;
+    return &tb->slots[i];
+}
+
+/* Store a parsed entry (taking a reference to its dispatch). */
+static void
+slot_store_entry(Table *tb, const Slot *e)
+{
+    Slot *s = probe(tb, e->key);
+    if (s->key == NULL)
+        tb->used++;
+    PyObject *old = s->dispatch;
+    *s = *e;
+    Py_INCREF(s->dispatch);
+    Py_XDECREF(old);
+}
+
+/* publish(dict, added=None) where dict is the published dict grown in place by `added` (code
+ * the table does not hold): store just those in the live table, if it has room. Every reader
+ * runs under the GIL and no slot a reader may hold moves or changes, so adding in place is as
+ * atomic as the swap. Returns 1 when done, 0 when the whole table must be rebuilt, -1 on
+ * error (nothing changed). */
+static int
+publish_added(PyObject *added)
+{
+    Table *tb = table;
+    Py_ssize_t n = PyDict_GET_SIZE(added);
+    if (tb == &empty_table || (size_t)(tb->used + n) * 2 > tb->mask + 1)
+        return 0;
+    Slot *parsed = PyMem_Calloc(n ? n : 1, sizeof(Slot));
+    if (parsed == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    Py_ssize_t pos = 0, i = 0;
+    PyObject *key, *value;
+    int r = 1;
+    while (PyDict_Next(added, &pos, &key, &value)) { /* all or nothing: check every one */
+        if (parse_entry(key, value, &parsed[i]) < 0) {
+            r = -1;
+            break;
+        }
+        if (probe(tb, parsed[i].key)->key != NULL) {
+            r = 0; /* not new: rebuild */
+            break;
+        }
+        i++;
+    }
+    if (r == 1)
+        for (Py_ssize_t j = 0; j < n; j++)
+            slot_store_entry(tb, &parsed[j]);
+    PyMem_Free(parsed);
+    return r;
+}
+
+static PyObject *
+publish(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *dict = nargs > 0 ? args[0] : NULL;
+    PyObject *added = nargs > 1 ? args[1] : Py_None;
+    if (nargs > 2 || dict == NULL || !PyDict_Check(dict) ||
+        (added != Py_None && !PyDict_Check(added))) {
+        PyErr_SetString(PyExc_TypeError,
+                        "publish() needs a dict {id(code): dispatch} (and the dict it added)");
         return NULL;
+    }
+    if (added != Py_None && dict == table->dict) {
+        int r = publish_added(added);
+        if (r != 0)
+            return r < 0 ? NULL : Py_NewRef(Py_None);
     }
     Py_ssize_t n = PyDict_GET_SIZE(dict);
     Table *tb = &empty_table;
     if (n > 0) {
         size_t cap = 8;
-        while (cap < (size_t)n * 2)
+        while (cap < (size_t)n * 3) /* room to grow in place by half as much again */
             cap <<= 1;
         tb = PyMem_Calloc(1, sizeof(Table) + cap * sizeof(Slot));
         if (tb == NULL)
@@ -1413,58 +1604,11 @@ publish(PyObject *Py_UNUSED(module), PyObject *dict)
         tb->dict = Py_NewRef(dict);
         Py_ssize_t pos = 0;
         PyObject *key, *value;
+        Slot e;
         while (PyDict_Next(dict, &pos, &key, &value)) {
-            void *addr = PyLong_AsVoidPtr(key);
-            if (addr == NULL) {
-                if (!PyErr_Occurred())
-                    PyErr_SetString(PyExc_ValueError, "publish(): a key is 0");
+            if (parse_entry(key, value, &e) < 0)
                 goto fail;
-            }
-            if (!PyTuple_Check(value) || PyTuple_GET_SIZE(value) < 4 ||
-                PyTuple_GET_SIZE(value) > 5 ||
-                !PyTuple_Check(PyTuple_GET_ITEM(value, 0)) ||
-                !PyTuple_Check(PyTuple_GET_ITEM(value, 1)) ||
-                !PyLong_Check(PyTuple_GET_ITEM(value, 2)) ||
-                (PyTuple_GET_ITEM(value, 3) != Py_None &&
-                 !PyTuple_Check(PyTuple_GET_ITEM(value, 3)))) {
-                PyErr_SetString(PyExc_TypeError, "publish(): a dispatch entry is not "
-                                "(entry_regs tuple, graph_regs tuple, flags int, marker"
-                                "[, direct])");
-                goto fail;
-            }
-            PyObject *direct_entry = PyTuple_GET_SIZE(value) == 5 ? PyTuple_GET_ITEM(value, 4)
-                                                                  : Py_None;
-            const rh_direct *direct = NULL;
-            if (direct_entry != Py_None) {
-                if (!is_direct(direct_entry) || PyTuple_GET_SIZE(PyTuple_GET_ITEM(value, 0)) ||
-                    PyTuple_GET_SIZE(PyTuple_GET_ITEM(value, 1)) != 1 ||
-                    PyTuple_GET_ITEM(value, 3) == Py_None) {
-                    PyErr_SetString(PyExc_TypeError, "publish(): a direct entry is "
-                                    "(code, reg, capsule), for one graph user and a marker");
-                    goto fail;
-                }
-                direct = PyCapsule_GetPointer(PyTuple_GET_ITEM(direct_entry, 2),
-                                              RH_DIRECT_CAPSULE);
-                if (direct == NULL)
-                    goto fail;
-            }
-            long flags = PyLong_AsLong(PyTuple_GET_ITEM(value, 2));
-            if (flags == -1 && PyErr_Occurred())
-                goto fail;
-            size_t i = hash_ptr(addr) & tb->mask;
-            while (tb->slots[i].key != NULL && tb->slots[i].key != addr)
-                i = (i + 1) & tb->mask;
-            Slot *s = &tb->slots[i];
-            if (s->key == NULL)
-                tb->used++;
-            s->key = addr;
-            Py_XSETREF(s->dispatch, Py_NewRef(value));
-            s->entry = PyTuple_GET_ITEM(value, 0);
-            s->graph = PyTuple_GET_ITEM(value, 1);
-            s->marker = PyTuple_GET_ITEM(value, 3) == Py_None ? NULL : PyTuple_GET_ITEM(value, 3);
-            s->direct_entry = direct ? direct_entry : NULL;
-            s->direct = direct;
-            s->flags = flags;
+            slot_store_entry(tb, &e);
         }
     }
     /* One pointer store under the GIL: every thread sees the old table or the new one. A
@@ -1540,6 +1684,24 @@ set_overflow(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t narg
 }
 
 static PyObject *
+set_discovery(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || (args[0] != Py_None && !PyDict_Check(args[1]))) {
+        PyErr_SetString(PyExc_TypeError, "set_discovery(hook, known: dict) or (None, None)");
+        return NULL;
+    }
+    if (args[0] == Py_None) {
+        Py_CLEAR(discover_hook);
+        Py_CLEAR(known_ids);
+    }
+    else { /* known first: sight() reads the hook, then known */
+        Py_XSETREF(known_ids, Py_NewRef(args[1]));
+        Py_XSETREF(discover_hook, Py_NewRef(args[0]));
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *
 now_py(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(arg))
 {
     return PyLong_FromLongLong(now_ns());
@@ -1571,7 +1733,9 @@ static PyMethodDef methods[] = {
      "PY_YIELD callback (code, offset, value)."},
     {"on_resume", (PyCFunction)(void (*)(void))on_resume, METH_FASTCALL,
      "PY_RESUME (code, offset) and PY_THROW (code, offset, exc) callback."},
-    {"publish", publish, METH_O, "Swap in a new dispatch table {id(code): dispatch}."},
+    {"publish", (PyCFunction)(void (*)(void))publish, METH_FASTCALL,
+     "publish(table, added=None): swap in a new dispatch table {id(code): dispatch}, or (added"
+     " given, table the one published) add those entries to it."},
     {"table", get_table, METH_NOARGS, "The dispatch dict last published."},
     {"lookup", lookup_py, METH_O, "The dispatch entry of a code object, or None."},
     {"set_max_depth", set_max_depth, METH_O, "Depth past which calls count as overruns."},
@@ -1580,6 +1744,9 @@ static PyMethodDef methods[] = {
     {"sweeping", get_sweeping, METH_NOARGS, "Whether a sweep is on."},
     {"set_overflow", (PyCFunction)(void (*)(void))set_overflow, METH_FASTCALL,
      "set_overflow(hook, limit): hook() runs when more than limit records are parked."},
+    {"set_discovery", (PyCFunction)(void (*)(void))set_discovery, METH_FASTCALL,
+     "set_discovery(hook, known): discover code not in known on its first call; (None, None) "
+     "turns it off."},
     {"accept_all", (PyCFunction)(void (*)(void))accept_all, METH_FASTCALL,
      "A native entry handler that accepts every call (entry data True)."},
     {"ignore", (PyCFunction)(void (*)(void))ignore, METH_FASTCALL,
@@ -1691,6 +1858,13 @@ PyInit__ccore(void)
         return NULL;
     if (!PyDict_Check(parked)) {
         PyErr_SetString(PyExc_ImportError, "rethook: core._parked is not a dict");
+        return NULL;
+    }
+    if ((disabled_ids = PyObject_GetAttrString(core_mod, "_disabled")) == NULL ||
+        (monitoring_disable = PyObject_GetAttrString(core_mod, "_DISABLE")) == NULL)
+        return NULL;
+    if (!PySet_Check(disabled_ids)) {
+        PyErr_SetString(PyExc_ImportError, "rethook: core._disabled is not a set");
         return NULL;
     }
     if (get_type("ThreadState", &ThreadState_t) < 0 ||

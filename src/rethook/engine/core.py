@@ -60,16 +60,43 @@ Rules
    while every other thread is outside the core or held at a transition's start
    (``_sweeping`` makes them wait on ``sweep_lock``), so no claim is delivered twice.
 
+Discovery
+---------
+Code made at run time (``exec``, ``eval``, dataclasses, namedtuple, template engines) and
+modules loaded past the registry's import hook (another meta-path hook ahead of it, such as
+pytest's assertion rewriting; ``spec_from_file_location(...).loader.exec_module``) are found
+the way coverage.py's ``sys.monitoring`` core finds code: on their first execution. While the
+engine has users, PY_START is also a *global* event of rethook's tool id, so the first call of
+every code object reaches :func:`_on_start`; one that is not in ``_table`` goes to
+:func:`_sight`:
+
+* code the registry does not know is handed to the discovery hook (the registry names and
+  registers it, its subscribers hook it if a filter matches); if it is now in ``_table`` this
+  very call is dispatched as a hooked one;
+* otherwise (known, or just registered and nobody wants it) the core returns
+  ``sys.monitoring.DISABLE``: that code's PY_START location costs nothing from then on. Its id
+  goes into ``_disabled``.
+
+A location DISABLEd for PY_START stays disabled even when local events are set on it later and
+when the global event is turned off and on; only ``sys.monitoring.restart_events()`` re-arms
+it. So the engine, after publishing a table that hooks code found in ``_disabled``, calls
+``restart_events()`` (once per update) and empties ``_disabled``; and when another tool calls
+``restart_events()``, code nobody hooks is seen once more and disabled again. While a thread is
+busy (a handler, rethook's own work) unknown code is not discovered (the hook takes locks): its
+call is let through and it is discovered when the program runs it.
+
 Contract of the hot path (what the C twin must match)
 -----------------------------------------------------
-Reads: ``_table`` (``id(code) -> (entry_regs, graph_regs, flags, marker, direct)``, replaced
-whole, never mutated; ``direct`` is a direct entry or None, and this core ignores it),
-``_max_depth``, ``_sweeping``. Writes: the current thread's ``ThreadState`` and ``_parked``.
-Calls: handlers of the registrations it finds, ``clock.now_ns`` (only when
-``flags & WANT_TIME``), ``sys._getframe`` (only when ``flags & WANT_FRAME``). Never returns
-``sys.monitoring.DISABLE`` (so another tool's ``restart_events()`` changes nothing), never raises
-into the program except a ``KeyboardInterrupt``/``SystemExit`` from a handler, re-raised after
-the call's bookkeeping is done.
+Reads: ``_table`` (``id(code) -> (entry_regs, graph_regs, flags, marker, direct)``; a
+published table is never changed except by adding entries for code it did not hold; ``direct``
+is a direct entry or None, and this core ignores it), ``_max_depth``, ``_sweeping``, and for
+discovery ``_discover`` and ``_known``. Writes: the current thread's ``ThreadState``,
+``_parked`` and ``_disabled``. Calls: handlers of the registrations it finds, ``clock.now_ns``
+(only when ``flags & WANT_TIME``), ``sys._getframe`` (only when ``flags & WANT_FRAME``, or to
+discover code), the discovery hook. Returns ``sys.monitoring.DISABLE`` only from PY_START of
+code that is not in ``_table`` (never for a hooked function, never for any other event), never
+raises into the program except a ``KeyboardInterrupt``/``SystemExit`` from a handler, re-raised
+after the call's bookkeeping is done.
 """
 
 from __future__ import annotations
@@ -230,6 +257,12 @@ _threads_lock = threading.Lock()
 _park_limit = 1024  # parked records past which _overflow runs (the engine raises it as needed)
 _overflow: Callable[[], None] | None = None  # looks for closed/collected generators
 _dead_counts = [0, 0]  # recursion, overrun counters of threads that have ended
+# Discovery (see the module docstring): the registry's hook, None while discovery is off.
+_discover: Callable[[CodeType, FrameType | None], bool] | None = None
+_known: Any = {}  # id(code) -> anything, for every code object the registry knows
+_disabled: set[int] = set()  # ids of code answered DISABLE since the last restart_events()
+_DISABLE = sys.monitoring.DISABLE
+_CO_NEWLOCALS = 0x0002  # co_flags of a function's code (not a module or class body)
 
 
 class _ThreadEndGuard:
@@ -438,12 +471,15 @@ def _missed(code: CodeType, graph_only: bool) -> None:
         reg.nmissed += 1
 
 
-def _on_start(code: CodeType, offset: int) -> None:
+def _on_start(code: CodeType, offset: int, up: int = 1) -> Any:
+    # ``up``: how far the program's frame is from here (more when _sight dispatches a call)
     try:
         ts = _local.ts
     except AttributeError:
         ts = _new_thread_state()
     if ts.busy:
+        if id(code) not in _table:  # discovery's global PY_START: not a missed call
+            return _sight(code, offset, up, True)
         ts.recursion += 1
         _missed(code, False)
         return
@@ -453,9 +489,10 @@ def _on_start(code: CodeType, offset: int) -> None:
             _wait_sweep(ts)
         try:
             entry_regs, graph, flags, marker, _direct = _table[id(code)]
-        except KeyError:  # not (or no longer) hooked
-            return
-        frame = _getframe(1) if flags & WANT_FRAME else None
+        except KeyError:  # not hooked: seen for the first time (discovery), or no longer hooked
+            ts.busy = False
+            return _sight(code, offset, up, False)
+        frame = _getframe(up) if flags & WANT_FRAME else None
         pending = _call_entry_users(entry_regs, code, frame) if entry_regs else None
         if not graph or pending is not None:
             # draining (no graph users), or Ctrl-C from an entry user, which goes through at
@@ -504,6 +541,38 @@ def _on_start(code: CodeType, offset: int) -> None:
         internal_error(e)
     finally:
         ts.busy = False
+
+
+def _sight(code: CodeType, offset: int, up: int, busy: bool) -> Any:
+    """PY_START of code that is not in ``_table`` (see Discovery in the module docstring).
+
+    ``up`` is the program's frame's distance from the caller (``_on_start``).
+    """
+    discover = _discover
+    if discover is None:
+        return None  # discovery is off: only hooked code has PY_START
+    key = id(code)
+    if key not in _known:
+        if busy:
+            return None  # a handler or rethook's own work: discovered when the program runs it
+        try:
+            seen = discover(code, _getframe(up + 1))
+        except RecursionError:  # the program is at its recursion limit: look again next time
+            return None
+        except Exception as e:  # a bug of rethook's: never the program's problem
+            internal_error(e)
+            return None
+        if key in _table:  # a filter wants it: this very call is a hooked one
+            return _on_start(code, offset, up + 2)
+        if not seen or _discover is None:
+            return None  # not registered now (look again next time), or the engine stopped
+    if code.co_flags & _CO_NEWLOCALS:  # (a module or class body is never hooked: not noted)
+        _disabled.add(key)
+    # From here to the return nothing may let another thread run (no call): the engine looks
+    # at _disabled right after publishing a table, to decide on restart_events().
+    if key in _table:
+        return None
+    return _DISABLE
 
 
 def _call_entry_users(entry_regs: tuple, code: CodeType, frame: FrameType
@@ -732,6 +801,8 @@ class PyCore:
         | sys.monitoring.events.PY_RESUME
     )
     GLOBAL_EVENTS = sys.monitoring.events.PY_UNWIND | sys.monitoring.events.PY_THROW
+    #: global while discovery is on: every code object's first call (see Discovery)
+    DISCOVERY_EVENTS = sys.monitoring.events.PY_START
     _CALLBACKS = (
         ("PY_START", _on_start), ("PY_RETURN", _on_return), ("PY_UNWIND", _on_unwind),
         ("PY_YIELD", _on_yield), ("PY_RESUME", _on_resume), ("PY_THROW", _on_resume),
@@ -749,17 +820,54 @@ class PyCore:
         self.tool_id = tool_id
 
     def uninstall(self) -> None:
+        """Remove the callbacks and events; re-arm what discovery disabled, so the next tool
+        to take this id (or rethook again) finds every location as it was."""
         mon = sys.monitoring
         if self.tool_id is None:
             return
+        self._discovery_state(None, None)
         mon.set_events(self.tool_id, 0)
         for event, _ in self._CALLBACKS:
             mon.register_callback(self.tool_id, getattr(mon.events, event), None)
         self.tool_id = None
+        if _disabled:
+            _disabled.clear()
+            mon.restart_events()
+
+    def set_discovery(self, hook: Callable[[CodeType, FrameType | None], bool] | None,
+                      known: Any = None) -> None:
+        """Turn discovery on (see Discovery) or off (``hook`` None).
+
+        ``hook(code, frame)`` is called on the first call of code whose id is not in ``known``
+        (a dict kept up to date by its owner); it registers the code and answers whether it
+        did (False: look again next time).
+        """
+        self._discovery_state(hook, known)
+        if self.tool_id is not None:
+            events = self.GLOBAL_EVENTS | (self.DISCOVERY_EVENTS if hook is not None else 0)
+            sys.monitoring.set_events(self.tool_id, events)
 
     @staticmethod
-    def publish(table: dict[int, tuple]) -> None:
-        """Swap in a new dispatch table (one reference store: atomic for every thread)."""
+    def _discovery_state(hook: Callable[[CodeType, FrameType | None], bool] | None,
+                         known: Any) -> None:
+        global _discover, _known
+        _known = known if hook is not None else {}
+        _discover = hook
+
+    @staticmethod
+    def disabled() -> set[int]:
+        """Ids of the code objects answered DISABLE since the last ``restart_events()`` the
+        engine made (it empties the set when it makes one)."""
+        return _disabled
+
+    @staticmethod
+    def publish(table: dict[int, tuple], added: dict[int, tuple] | None = None) -> None:
+        """Swap in a new dispatch table (one reference store: atomic for every thread).
+
+        ``added``: when ``table`` is the table already published, grown in place by adding
+        entries for code it did not hold, those entries (a core that keeps its own copy of the
+        table adds just them). This core reads ``table`` itself.
+        """
         global _table
         _table = table
 

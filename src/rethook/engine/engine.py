@@ -4,12 +4,20 @@ Users (the kernel's ``ftrace_ops`` and ``fgraph_ops``) register here with a filt
 resolves every filter against the function registry once, builds one dispatch entry per hooked
 code object (the kernel's per-function trampoline), publishes the whole table with one reference
 swap, and turns ``sys.monitoring`` local events on for exactly the code objects some user wants.
-Code nobody wants has no events and runs at full speed. The hot path that uses the table is in
+Code nobody wants has no events and runs at full speed after its first call (discovery, in
+:mod:`rethook.engine.core`, sees each code object once). The hot path that uses the table is in
 :mod:`rethook.engine.core`; this module never runs per call.
+
+Functions that appear later (a module imported, code seen for the first time) are matched
+against the users' filters as they come; those hooked only add their own entries to the
+published table (:meth:`Engine._hook_new`), so enabling them costs in proportion to the new
+functions, not to every hooked one.
 
 Changing users while other threads run hooked code
 --------------------------------------------------
-Adding is simple: publish, then turn events on. Removing a user or a function needs the
+Adding is simple: turn events on, then publish (a call entering in between is not in the table
+yet and is left alone), then re-arm what discovery had disabled (:meth:`Engine._rearm`).
+Removing a user or a function needs the
 *sweep*, the engine's ``synchronize_rcu``: publish the table without it, wait until every other
 thread has been seen outside the core (``ThreadState.busy`` clear, or held at a transition's
 start by ``sweep_lock``), then, holding the lock, take the retired registrations' claims off
@@ -256,10 +264,12 @@ class Engine:
                 raise EngineError("another rethook engine is running in this process")
             self.tool_id = toolid.acquire()
             self.core.set_max_depth(self.max_depth)
-            self.core.publish({})
+            self._publish({})
             self.core.install(self.tool_id)
             self.core.set_overflow(self._parked_overflow, self._parked_limit)
             self._unsubscribe = self.registry.subscribe(self._on_new_functions)
+            # code the import hook never sees (exec, other import hooks): on its first call
+            self.core.set_discovery(self.registry.discover, self.registry.known_ids())
             _active = self
 
     @_untraced
@@ -269,6 +279,7 @@ class Engine:
             if not self.running:
                 return
             global _active
+            self.core.set_discovery(None)
             self.collect_parked()
             retired = list(self._graph.values())
             self._graph.clear()
@@ -279,7 +290,7 @@ class Engine:
             for code, _ in self._events.values():
                 sys.monitoring.set_local_events(self.tool_id, code, 0)
             self._events.clear()
-            self.core.publish({})
+            self._publish({})
             self.core.set_overflow(None, PARKED_HIGH_WATER)
             self.core.uninstall()
             for ts in self.core.thread_states():
@@ -406,35 +417,37 @@ class Engine:
 
     @_untraced
     def _on_new_functions(self, infos: list[FunctionInfo]) -> None:
-        """Registry callback (imports, new code): hook what existing filters now match."""
+        """Registry callback (imports, code seen for the first time): hook what existing
+        filters now match. Costs in proportion to the new functions, not to the hooked ones."""
         with self._lock:
             if not self.running:
                 return
-            changed = False
+            added: dict[int, CodeType] = {}
             for ops, sel in self._selection.items():
                 for info in infos:
                     if not _own_code(info) and ops.filter.matches(info):
                         sel[id(info.code)] = info.code
-                        changed = True
-            if changed:
-                self._reconcile([])
+                        added[id(info.code)] = info.code
+            if added:
+                self._hook_new(added)
 
     # --- building and publishing ----------------------------------------------------------
-    def _build(self) -> dict[int, tuple[CodeType, int, tuple]]:
-        """``id(code) -> (code, local events, dispatch entry)`` for the current users."""
+    def _build(self, only: Iterable[int] | None = None) -> dict[int, tuple[CodeType, int, tuple]]:
+        """``id(code) -> (code, local events, dispatch entry)`` for the current users: of every
+        code object they select, or of the ids in ``only``."""
         entry_users: dict[int, list] = {}
         graph_users: dict[int, list] = {}
         codes: dict[int, CodeType] = {}
-        for ops, ereg in self._entry.items():
-            for code in self._selection[ops].values():
-                codes[id(code)] = code
-                entry_users.setdefault(id(code), []).append(ereg)
-        for reg in self._slots:  # slot order = entry-handler order
-            if reg is None:
-                continue
-            for code in self._selection[reg.ops].values():
-                codes[id(code)] = code
-                graph_users.setdefault(id(code), []).append(reg)
+        users = [(ops, ereg, entry_users) for ops, ereg in self._entry.items()]
+        users += [(reg.ops, reg, graph_users) for reg in self._slots  # slot order = entry order
+                  if reg is not None]
+        keys = None if only is None else list(only)
+        for ops, reg, into in users:
+            sel = self._selection[ops]
+            for key, code in (sel.items() if keys is None
+                              else ((k, sel[k]) for k in keys if k in sel)):
+                codes[key] = code
+                into.setdefault(key, []).append(reg)
         core = self.core
         interned: dict[tuple, tuple] = {}
         out = {}
@@ -467,9 +480,34 @@ class Engine:
         frame = WANT_FRAME if any(e.ops.wants_frame for e in entry) else 0
         return (entry, (), frame, make_marker(code), None)
 
-    def _publish(self, table: dict[int, tuple]) -> None:
+    def _publish(self, table: dict[int, tuple], added: dict[int, tuple] | None = None) -> None:
         self._table = table
-        self.core.publish(table)
+        self.core.publish(table, added)
+
+    def _rearm(self, keys: Iterable[int]) -> None:
+        """After publishing: if discovery disabled PY_START of code just hooked, re-arm it
+        (only ``restart_events()`` can; see core.py's Discovery). At most once per update."""
+        disabled = self.core.disabled()
+        if disabled and not disabled.isdisjoint(keys):
+            disabled.clear()
+            sys.monitoring.restart_events()
+
+    def _hook_new(self, codes: dict[int, CodeType]) -> None:
+        """Hook functions no user had selected before (new in the registry): only their
+        dispatch is built, and the published table grows in place by their entries."""
+        if any(key in self._table or key in self._events for key in codes):
+            self._reconcile([])  # reported twice, or still draining: the general path
+            return
+        built = self._build(codes)
+        set_local = sys.monitoring.set_local_events
+        # Events first, then the table (as in _reconcile).
+        for key, (code, mask, _) in built.items():
+            set_local(self.tool_id, code, mask)
+            self._events[key] = (code, mask)
+        added = {key: dispatch for key, (_, _, dispatch) in built.items()}
+        self._table.update(added)
+        self._publish(self._table, added)
+        self._rearm(added)
 
     def _reconcile(self, retired: list[_core.Registration], removing: bool = False,
                    everything: bool = False) -> None:
@@ -491,11 +529,17 @@ class Engine:
             elif key not in built:
                 set_local(tool, code, 0)
                 del self._events[key]
-        self._publish(table)
+        # Functions gaining events get them before the table that hooks them: a call entering
+        # in between is not in the table, so nothing is pushed that no return event would pop
+        # (discovery's global PY_START reaches code whose local events are not on yet).
+        gained = []
         for key, (code, mask, _) in built.items():
             if key not in draining and self._events.get(key, (None, 0))[1] != mask:
                 set_local(tool, code, mask)
                 self._events[key] = (code, mask)
+                gained.append(key)
+        self._publish(table)
+        self._rearm(gained)
         if not (retired or removing or draining or everything):
             return
         open_codes = self._sweep(retired, everything)

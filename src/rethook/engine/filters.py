@@ -639,7 +639,8 @@ class _Resolver:
                               pattern.position + (1 if pattern.remove else 0))
 
     def may_load_later(self, pattern: Pattern) -> bool:
-        """Whether the pattern names a module that is not imported yet (never imports)."""
+        """Whether the pattern names a module that is not imported yet (never imports), or
+        names functions of one whose body has not run yet (which may generate them)."""
         if pattern.module is not None:
             loaded = set(sys.modules) | self.registry.modules()
             if _has_glob(pattern.module):
@@ -654,6 +655,9 @@ class _Resolver:
             if _has_glob(part) or not part.isidentifier():
                 break
             literal.append(part)
+        if any(self.registry.may_generate(".".join(literal[:i]))
+               for i in range(1, len(literal))):
+            return True
         # Walk the dotted prefix down through imported packages; the first module that is not
         # imported decides. find_spec on it imports nothing: its parent is already imported.
         for i in range(1, len(literal) + 1):

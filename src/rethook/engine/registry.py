@@ -21,8 +21,27 @@ Discovery
   ``namedtuple``...) and for modules whose loader has no ``get_code``.
   (Not an audit hook: audit hooks cannot be removed, and once one exists ``id()`` and
   ``sys._getframe()``, which the engine's hot path calls, each raise an audit event.)
+* Everything else that runs (code made by ``exec``/``eval``/``compile``, modules loaded past the
+  finder: another import hook ahead of it, ``spec_from_file_location(...).loader.exec_module``,
+  zipimport, frozen modules): :meth:`Registry.discover`, which the engine's core calls on a code
+  object's first execution, with its frame (see core.py's Discovery). A module body found that
+  way registers everything nested in it; code compiled from a string registers only itself,
+  and is named from the running call (see "Generated code" below).
 * :meth:`Registry.add_code` for code the caller compiles itself (a script run by the CLI), and
   :meth:`Registry.refresh` as a safety net.
+
+Generated code
+--------------
+Code compiled from a string (a file name like ``<string>``) has a ``co_qualname`` that says
+how it was made, not what it is (``__create_fn__.<locals>.__init__`` for a dataclass's
+``__init__``, ``<lambda>`` for a namedtuple's ``__new__``). A method is named after the
+attribute it serves, in its class's module (``mymod.Point.__init__``): the class is the one
+whose own dict holds the function (possibly wrapped), found in a module's namespace after an
+import, or, for code met running, from the call's first argument (``self`` or ``cls``) by
+walking its MRO. A function found outside a class keeps its ``__qualname__``. Code met running
+that is no method is ``co_qualname`` in the module whose namespace it runs in (its globals'
+``__name__``), else in the module that ran the ``exec``/``eval`` that made it, else under its
+pseudo file name. (docs/functions.md, "Generated code".)
 
 Names (see docs/functions.md) are ``module.qualname`` and never change once handed out.
 """
@@ -33,7 +52,8 @@ import gc
 import sys
 import threading
 import traceback
-from collections.abc import Callable, Iterable
+import weakref
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from types import (
     AsyncGeneratorType,
@@ -177,6 +197,10 @@ class Registry:
         self._pending_namespaces: list[str] = []  # modules whose body may still generate code
         self._generation = 0
         self._order = 0
+        # code made by exec/eval that has not run yet -> the module that made it (the fallback
+        # module of its name); weak, so code that never runs is not kept
+        self._sites: dict[int, tuple[weakref.ref[CodeType], str]] = {}
+        self._added_modules: set[str] = set()  # modules registered by add_code
 
     # --- lookups ------------------------------------------------------------------------------
     @property
@@ -221,6 +245,27 @@ class Registry:
         self._notify(found)
         return info
 
+    def known_ids(self) -> dict[int, FunctionInfo]:
+        """``id(code) -> info`` of every registered code object: the live dict itself, for
+        cores that test membership on a hot path. Read only."""
+        return self._by_id
+
+    def discover(self, code: CodeType, frame: FrameType | None) -> bool:
+        """Register code met on its first execution (``frame`` is its running frame) and tell
+        the subscribers about the functions found. Returns whether ``code`` is now known, or
+        needs no registration (a module or class body: not a function); False when it cannot
+        be registered now (the registry is busy in this very thread), so ask again later.
+        """
+        if id(code) in self._by_id:
+            return True
+        lock = self._lock
+        if lock._is_owned():  # type: ignore[attr-defined]  # a finaliser inside our own work
+            return False
+        with lock:
+            new = self._discover(code, frame) if id(code) not in self._by_id else []
+        self._notify(new)
+        return True
+
     def functions(self) -> list[FunctionInfo]:
         """Every known function, sorted by name. The first call scans the loaded modules."""
         self._maintain()
@@ -250,15 +295,23 @@ class Registry:
 
         For code compiled by the caller before it runs (a script's module code). A module code
         object itself is not a function and is not listed. Returns the new functions and tells
-        the subscribers about them.
+        the subscribers about them. The module counts as one that may still generate functions
+        (:meth:`may_generate`).
         """
         with self._lock:
             entries: dict[int, _Entry] = {}
             self._collect(code, module, None, entries, register_top=False)
             new = _listable(self._commit(entries))
             self._note_file(code.co_filename, module)
+            self._added_modules.add(module)
         self._notify(new)
         return new
+
+    def may_generate(self, module: str) -> bool:
+        """Whether functions of ``module`` may appear that no scan can see yet: its code was
+        registered before it runs (:meth:`add_code`), or it is being imported. Generated
+        functions (dataclass methods, exec'd code) of such a module exist only once it runs."""
+        return module in self._added_modules or module in self._pending_namespaces
 
     def refresh(self) -> list[FunctionInfo]:
         """Rescan the loaded modules; return (and report to subscribers) what was new."""
@@ -300,6 +353,53 @@ class Registry:
         return unsubscribe
 
     # --- internals ----------------------------------------------------------------------------
+    def _discover(self, code: CodeType, frame: FrameType | None) -> list[FunctionInfo]:
+        """Register running code (see :meth:`discover`); returns the new listable functions.
+        Caller holds the lock."""
+        kind = code_kind(code)
+        g = frame.f_globals if frame is not None else {}
+        here = g.get("__name__")
+        entries: dict[int, _Entry] = {}
+        if not _is_synthetic(code.co_filename):
+            # A module body or function from a file: its module is its namespace's (a module
+            # loaded by another import hook, exec_module, zipimport, a frozen module).
+            module = here if isinstance(here, str) and here else \
+                self._module_for_file(code.co_filename)
+            self._collect(code, module, None, entries, register_top=False)
+            if kind in NON_FUNCTION_KINDS:
+                self._note_file(code.co_filename, module)
+            return _listable(self._commit(entries))
+        site = self._sites.pop(id(code), None)
+        site_module = site[1] if site is not None and site[0]() is code else None
+        qualname = module = None
+        owner = _owner(code, frame) if kind not in NON_FUNCTION_KINDS else None
+        if owner is not None:
+            module, qualname = _method_name(owner[0], owner[1])
+        if module is None:
+            module = here if isinstance(here, str) and here else None
+        if module is None and kind == "module" and frame is not None and frame.f_back is not None:
+            caller = frame.f_back.f_globals.get("__name__")  # the exec/eval that made it
+            module = caller if isinstance(caller, str) and caller else None
+        if module is None:
+            module = site_module or code.co_filename
+        # Code nested in generated code is named when it runs (its qualname may be rewritten
+        # by then, as dataclasses and namedtuple do); if it will run in a namespace without a
+        # name (the same globals as this code's), remember where it was made meanwhile.
+        if not (isinstance(here, str) and here):
+            for const in code.co_consts:
+                if type(const) is CodeType and id(const) not in self._by_id:
+                    self._remember_site(const, module)
+        if kind in NON_FUNCTION_KINDS:
+            return []  # an exec'd body or class body: runs once, not listed, not kept
+        self._order += 1
+        entries[id(code)] = _Entry(code, module, qualname or code.co_qualname, kind, self._order)
+        return _listable(self._commit(entries))
+
+    def _remember_site(self, code: CodeType, module: str) -> None:
+        key = id(code)
+        sites = self._sites
+        sites[key] = (weakref.ref(code, lambda _r, key=key: sites.pop(key, None)), module)
+
     def _notify(self, new: list[FunctionInfo]) -> None:
         if not new:
             return
@@ -356,7 +456,11 @@ class Registry:
             self._collect(code, module, None, entries, register_top=False)
         return new + self._commit(entries)
 
-    def _register_functions(self, funcs: Iterable[FunctionType]) -> list[FunctionInfo]:
+    def _register_functions(self, funcs: Iterable[FunctionType],
+                            owners: dict[int, tuple[type, str]] | None = None
+                            ) -> list[FunctionInfo]:
+        """Register functions (and their nested code); ``owners``: ``id(function) -> (class,
+        attribute)`` for those found in a class, which names generated ones."""
         entries: dict[int, _Entry] = {}
         fresh: list[tuple[FunctionType, CodeType]] = []
         seen: set[int] = set()
@@ -374,10 +478,16 @@ class Registry:
             qualname = code.co_qualname
             if _is_synthetic(code.co_filename):
                 # Generated code (dataclasses, namedtuple, attrs) compiles every method as
-                # "__create_fn__.<locals>.__init__" or similar; the function knows better.
-                fq = getattr(f, "__qualname__", None)
-                if isinstance(fq, str) and fq:
-                    qualname = fq
+                # "__create_fn__.<locals>.__init__" or similar; its class, or else the
+                # function, knows better (see "Generated code").
+                owner = owners.get(id(f)) if owners else None
+                if owner is not None:
+                    owner_module, qualname = _method_name(*owner)
+                    module = owner_module or module
+                else:
+                    fq = getattr(f, "__qualname__", None)
+                    if isinstance(fq, str) and fq:
+                        qualname = fq
             tops.append((code, module, qualname))
         # Every function's own code first, so that code found both as a function and nested in
         # another takes its own function's qualname; then what is nested in them.
@@ -533,8 +643,9 @@ class Registry:
         if not isinstance(name, str):
             return
         with self._lock:
+            owners: dict[int, tuple[type, str]] = {}
             found = _listable(self._register_functions(
-                _namespace_functions(module, self._by_id)))
+                _namespace_functions(module, self._by_id, owners), owners))
             if name in self._pending_namespaces:
                 self._pending_namespaces.remove(name)
         self._notify(found)
@@ -547,6 +658,7 @@ class Registry:
         if not self._pending_namespaces:
             return []
         found: list[FunctionType] = []
+        owners: dict[int, tuple[type, str]] = {}
         keep: list[str] = []
         for name in self._pending_namespaces:
             mod = sys.modules.get(name)
@@ -558,9 +670,9 @@ class Registry:
                 keep.append(name)
                 if not include_initializing:
                     continue
-            found.extend(_namespace_functions(mod, self._by_id))
+            found.extend(_namespace_functions(mod, self._by_id, owners))
         self._pending_namespaces = keep
-        return _listable(self._register_functions(found)) if found else []
+        return _listable(self._register_functions(found, owners)) if found else []
 
 
 def _modules_signature() -> frozenset[tuple[str, int]]:
@@ -573,8 +685,71 @@ def _listable(infos: list[FunctionInfo]) -> list[FunctionInfo]:
     return [i for i in infos if i.kind not in NON_FUNCTION_KINDS]
 
 
-def _namespace_functions(mod: ModuleType, known: dict[int, FunctionInfo]) -> list[FunctionType]:
-    """Functions reachable from a module's namespace (and its classes) with unknown code.
+def _functions_of(value: object, depth: int = 0) -> Iterator[FunctionType]:
+    """The functions a namespace value is or wraps: static and class methods, property
+    accessors, and what ``functools.wraps`` hides (dataclass's ``__repr__`` is wrapped like
+    that). Reads only builtin types' fields, so no user code runs."""
+    t = type(value)
+    if t is FunctionType:
+        yield value  # type: ignore[misc]
+        wrapped = value.__dict__.get("__wrapped__")  # type: ignore[attr-defined]
+        if wrapped is not None and depth < 6:
+            yield from _functions_of(wrapped, depth + 1)
+    elif t is staticmethod or t is classmethod:
+        yield from _functions_of(value.__func__, depth)  # type: ignore[attr-defined]
+    elif t is property:
+        for acc in (value.fget, value.fset, value.fdel):  # type: ignore[attr-defined]
+            yield from _functions_of(acc, depth)
+
+
+_class_dict = type.__dict__["__dict__"].__get__  # a class's own mappingproxy, no descriptors run
+_class_mro = type.__dict__["__mro__"].__get__
+_class_qualname = type.__dict__["__qualname__"].__get__
+_class_flags = type.__dict__["__flags__"].__get__
+_HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement or type()
+
+
+def _method_name(klass: type, attr: str) -> tuple[str | None, str]:
+    """(module, qualname) of generated code serving as ``klass.attr``: the class's module (None
+    if it has none) and ``ClassQualname.attr``."""
+    module = _class_dict(klass).get("__module__")
+    return (module if isinstance(module, str) and module else None,
+            f"{_class_qualname(klass)}.{attr}")
+
+
+def _owner(code: CodeType, frame: FrameType | None) -> tuple[type, str] | None:
+    """The method whose code is running in ``frame``, found from the call's first argument:
+    ``(class, attribute)`` for the first class in the MRO of the argument (if it
+    is a class: ``cls``, ``__new__``) or of its type (``self``) whose own dict holds a
+    function with this very code; None if there is none."""
+    if frame is None or not code.co_argcount:
+        return None
+    try:
+        first = frame.f_locals[code.co_varnames[0]]
+    except Exception:  # noqa: BLE001 - an odd frame: no owner
+        return None
+    # (issubclass of the real type: isinstance would read a proxy's __class__)
+    classes = list(_class_mro(first)) if issubclass(type(first), type) else []
+    classes += _class_mro(type(first))
+    # builtin (static) types hold no Python functions: int, str, object...
+    classes = [k for k in classes if _class_flags(k) & _HEAPTYPE]
+    name = code.co_name
+    for klass in classes:  # cheap first: the attribute named like the code
+        for f in _functions_of(_class_dict(klass).get(name)):
+            if f.__code__ is code:
+                return klass, name
+    for klass in classes:  # then every attribute (namedtuple's __new__ is a "<lambda>")
+        for attr, value in list(_class_dict(klass).items()):
+            for f in _functions_of(value):
+                if f.__code__ is code:
+                    return klass, attr
+    return None
+
+
+def _namespace_functions(mod: ModuleType, known: dict[int, FunctionInfo],
+                         owners: dict[int, tuple[type, str]]) -> list[FunctionType]:
+    """Functions reachable from a module's namespace (and its classes) with unknown code;
+    ``owners`` gets ``id(function) -> (class, attribute)`` for those found in a class.
 
     Only looks at plain dicts and known wrapper types, so no user code (descriptors,
     ``__getattr__``) runs.
@@ -583,30 +758,24 @@ def _namespace_functions(mod: ModuleType, known: dict[int, FunctionInfo]) -> lis
     seen: set[int] = set()
     modname = mod.__dict__.get("__name__")
 
-    def visit(value: object, depth: int) -> None:
-        t = type(value)
-        if t is FunctionType:
-            if id(value.__code__) not in known:  # type: ignore[attr-defined]
-                out.append(value)  # type: ignore[arg-type]
-            # functools.wraps (dataclass's __repr__ is wrapped like that) hides the original.
-            wrapped = value.__dict__.get("__wrapped__")  # type: ignore[attr-defined]
-            if wrapped is not None and depth < 6:
-                visit(wrapped, depth + 1)
-        elif t is staticmethod or t is classmethod:
-            visit(value.__func__, depth)  # type: ignore[attr-defined]
-        elif t is property:
-            for acc in (value.fget, value.fset, value.fdel):  # type: ignore[attr-defined]
-                visit(acc, depth)
-        elif isinstance(value, type) and depth < 6 and id(value) not in seen:
-            seen.add(id(value))
-            ns = type.__dict__["__dict__"].__get__(value)  # the class's own mappingproxy
-            if ns.get("__module__") != modname:
-                return
-            for v in list(ns.values()):
-                visit(v, depth + 1)
+    def visit(value: object, depth: int, klass: type | None, attr: str) -> None:
+        if issubclass(type(value), type):  # (isinstance would read a proxy's __class__)
+            if depth < 6 and id(value) not in seen:
+                seen.add(id(value))
+                ns = _class_dict(value)
+                if ns.get("__module__") != modname:
+                    return
+                for a, v in list(ns.items()):
+                    visit(v, depth + 1, value, a)
+            return
+        for f in _functions_of(value):
+            if id(f.__code__) not in known:
+                out.append(f)
+                if klass is not None:
+                    owners[id(f)] = (klass, attr)
 
     for v in list(mod.__dict__.values()):
-        visit(v, 0)
+        visit(v, 0, None, "")
     return out
 
 

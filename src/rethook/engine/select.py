@@ -56,6 +56,7 @@ if _ccore is not None:
         )
 
         publish = staticmethod(_ccore.publish)
+        _discovery_state = staticmethod(_ccore.set_discovery)
         set_max_depth = staticmethod(_ccore.set_max_depth)
         set_sweeping = staticmethod(_ccore.set_sweeping)
         set_overflow = staticmethod(_ccore.set_overflow)

@@ -22,7 +22,8 @@ guarantees per thread what Perfetto needs: slices that nest, timestamps that nev
 An exit whose entry the trace lacks (lost, overwritten, or never recorded because of
 tracing_thresh) still becomes a slice, begun at its ``calltime``; finding those exits takes a
 first pass over the file, so the file is read twice and never held in memory (only such
-exits are remembered between the passes). Calls still open when the trace ends stay open:
+exits are remembered between the passes). Both passes read the events in time order across
+threads (``TraceReader.ordered_events``). Calls still open when the trace ends stay open:
 Perfetto shows them as slices that did not end.
 """
 
@@ -144,7 +145,7 @@ def _find_orphans(reader: TraceReader, ids: tuple[int | None, ...]) -> dict[int,
     shallower (a call resumed without a recorded resumption). Sorted by begin, outer first."""
     entry, exit_, suspend, resume = ids
     threads: dict[int, _Thread] = {}
-    for index, ev in enumerate(reader.events(lost=True)):
+    for index, ev in enumerate(reader.ordered_events(lost=True)):
         if isinstance(ev, Lost):
             continue
         fid = ev[0]
@@ -259,7 +260,7 @@ def slice_events(reader: TraceReader) -> Iterator[Record]:
             th.stack.append((depth, func, _SYNTHETIC))
             yield (SLICE_BEGIN, t, tid, func, _ENTRY_MISSING)
 
-    for index, ev in enumerate(reader.events(lost=True)):
+    for index, ev in enumerate(reader.ordered_events(lost=True)):
         if isinstance(ev, Lost):
             tid = ev.tid
             th = threads.get(tid) or threads.setdefault(tid, _Thread())
@@ -512,12 +513,8 @@ def _pid(meta: dict[str, Any], threads: dict[int, str]) -> int:
 
 
 def _first_timestamp(reader: TraceReader) -> int:
-    events = reader.events()
-    try:
-        for ev in events:
-            return ev[1]
-    finally:
-        events.close()
+    for ev in reader.ordered_events():
+        return ev[1]
     return 0
 
 

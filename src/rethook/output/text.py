@@ -101,6 +101,14 @@ class _Renderer:
         self.describe = describe or describe_event
         self.ids = {f.name: f.id for f in formats}
 
+    def feed(self, ev: Any) -> Iterator[str]:
+        raise NotImplementedError
+
+    def feed_ahead(self, ev: Any, nxt: Any) -> Iterator[str]:
+        """:meth:`feed` for a reader that also gives the next item of the event's thread
+        (``TraceReader.ordered_events(lookahead=True)``; None at the thread's end)."""
+        return self.feed(ev)
+
 
 class GraphRenderer(_Renderer):
     """Streams function_graph lines (and other events as ``/* comments */``)."""
@@ -111,6 +119,7 @@ class GraphRenderer(_Renderer):
         self.pending: dict[int, tuple] = {}  # tid -> entry that may be a leaf
         self.open: dict[int, list[tuple[int, str]]] = {}  # tid -> printed (depth, func)
         self.depth: dict[int, int] = {}  # tid -> depth of the last graph event (comments)
+        self.shown: dict[int, tuple] = {}  # tid -> the exit of a leaf printed ahead of it
         ids = self.ids
         self.ENTRY = ids.get("funcgraph_entry")
         self.EXIT = ids.get("funcgraph_exit")
@@ -143,6 +152,26 @@ class GraphRenderer(_Renderer):
             yield self._resume(ev)
         else:
             yield self._comment(ev)
+
+    def feed_ahead(self, ev: Any, nxt: Any) -> Iterator[str]:
+        """With the thread's next item known, an entry is printed when it is due, not when
+        its thread's next event comes (which other threads' lines may precede): a leaf
+        ``func();`` if that item is its own exit (whose line is then skipped), else
+        ``func() {`` -- as the kernel's output peeks at the next event of the same CPU. So
+        lines come out in the order of their events."""
+        if isinstance(ev, Lost):
+            return self.feed(ev)
+        tid = ev[2]
+        if self.shown.get(tid) is ev:
+            del self.shown[tid]
+            return iter(())
+        if ev[0] != self.ENTRY:
+            return self.feed(ev)
+        if (nxt is not None and not isinstance(nxt, Lost) and nxt[0] == self.EXIT
+                and nxt[3] == ev[3] and nxt[4] == ev[4]):
+            self.shown[tid] = nxt
+            return iter((self._leaf(ev, nxt),))
+        return iter((self._nested(ev),))
 
     def flush(self) -> Iterator[str]:
         for tid in list(self.pending):
@@ -330,8 +359,11 @@ def renderer_for(tracer: str, formats: FormatRegistry, threads: Threads,
 def render(tracer: str, events: Iterable[Any], formats: FormatRegistry,
            thread_names: dict[int, str], opts: dict[str, bool], t0: int = 0,
            stats: tuple[int, int] = (0, 0), header: bool = True,
-           describe: Callable[[Any, tuple], str] | None = None) -> Iterator[str]:
-    """Every line of a trace's text view, header first (no trailing newlines)."""
+           describe: Callable[[Any, tuple], str] | None = None,
+           lookahead: bool = False) -> Iterator[str]:
+    """Every line of a trace's text view, header first (no trailing newlines). With
+    ``lookahead``, ``events`` are pairs of an event and the next one of its thread (see
+    ``feed_ahead``)."""
     threads = Threads(thread_names)
     r = renderer_for(tracer, formats, threads, opts, t0, describe)
     if isinstance(r, FunctionRenderer):
@@ -341,6 +373,10 @@ def render(tracer: str, events: Iterable[Any], formats: FormatRegistry,
         head = r.header()
     if header:
         yield from head.rstrip("\n").split("\n")
-    for ev in events:
-        yield from r.feed(ev)
+    if lookahead:
+        for ev, nxt in events:
+            yield from r.feed_ahead(ev, nxt)
+    else:
+        for ev in events:
+            yield from r.feed(ev)
     yield from r.flush()

@@ -1,0 +1,293 @@
+"""Discovery: every code object that runs reaches the registry and can be hooked.
+
+Engine-level tests (both cores: tests/test_ccore.py reruns this module on the other one) of
+code the import hook never sees -- ``exec``'d functions, dataclass and namedtuple methods,
+modules loaded with ``exec_module`` -- and of how discovery's ``sys.monitoring.DISABLE``
+lives with filter changes, other tools' ``restart_events()`` and the engine's stop. The same
+programs run as users run them, through the command line, are in tests/test_cli_discovery.py.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import sys
+import textwrap
+import time
+
+from programs import calls
+from recorder import Recorder
+from rethook.control import Tracefs
+from test_cli import PROGRAMS
+
+_names = itertools.count()
+
+
+def fresh_name() -> str:
+    return f"rh_disc_{next(_names)}"
+
+
+def exec_module(name: str, source: str, tmp_path) -> object:
+    """Load ``source`` as module ``name`` past every import hook, as plugin loaders do."""
+    path = tmp_path / f"{name}.py"
+    path.write_text(textwrap.dedent(source))
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    try:
+        spec.loader.exec_module(mod)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return mod
+
+
+def is_hooked(engine, code) -> bool:
+    return any(info.code is code for info, _, _ in engine.enabled_functions())
+
+
+def test_exec_code_is_hooked_from_its_first_call(engine):
+    name = fresh_name()
+    rec = Recorder(f"*:mod:{name}")
+    engine.register_ftrace_graph(rec)
+    try:
+        ns = {"__name__": name}
+        exec("def dx_scale(v, k):\n    return v * k\n", ns)
+        assert [ns["dx_scale"](i, 2) for i in range(5)] == [0, 2, 4, 6, 8]
+    finally:
+        engine.unregister_ftrace_graph(rec)
+    assert rec.names() == ["dx_scale"] * 5  # the very first call included
+    rec.assert_exactly_once()
+    assert [r[2] for r in rec.returns] == [0, 2, 4, 6, 8]
+    assert engine.registry.lookup(ns["dx_scale"].__code__).name == f"{name}.dx_scale"
+
+
+def test_exec_code_without_a_module_is_named_where_it_was_made(engine):
+    rec = Recorder("*:mod:test_discovery")
+    engine.register_ftrace_graph(rec)
+    try:
+        ns: dict = {}  # no __name__: the module that ran exec() names it
+        exec("def dx_orphan():\n    return 7\n", ns)
+        assert ns["dx_orphan"]() == 7
+    finally:
+        engine.unregister_ftrace_graph(rec)
+    assert engine.registry.lookup(ns["dx_orphan"].__code__).name == "test_discovery.dx_orphan"
+    assert rec.names() == ["dx_orphan"]
+
+
+def test_generated_code_of_a_module_loaded_past_the_import_hook(engine, tmp_path, capsys):
+    """tests/cli_programs/generated.py loaded with exec_module: its body is found as it starts,
+    dataclass and namedtuple methods (met only when they run) are named after the class found
+    from their first argument, exec'd functions after their namespace or where they were
+    made."""
+    name = fresh_name()
+    rec = Recorder(f"*:mod:{name}")
+    engine.register_ftrace_graph(rec)
+    try:
+        mod = exec_module(name, (PROGRAMS / "generated.py").read_text(), tmp_path)
+    finally:
+        engine.unregister_ftrace_graph(rec)
+    assert capsys.readouterr().out == "3865 40\n"
+    rec.assert_exactly_once()
+    names = {engine.registry.lookup(c).base_name for c in (
+        mod.Point.__init__.__code__, mod.Point.__eq__.__code__, mod.Point.__hash__.__code__,
+        mod.Point.__repr__.__wrapped__.__code__, mod.Pair.__new__.__code__,
+        mod.Point.norm.__code__, mod.main.__code__, mod.NS["scale"].__code__,
+        mod.shift.__code__)}
+    assert names == {f"{name}.{q}" for q in (
+        "Point.__init__", "Point.__eq__", "Point.__hash__", "Point.__repr__", "Pair.__new__",
+        "Point.norm", "main", "scale", "shift")}
+    calls = rec.names()
+    for fn, n in (("__init__", 80), ("__repr__", 40), ("__eq__", 40), ("__hash__", 40),
+                  ("<lambda>", 40), ("norm", 40), ("scale", 40), ("shift", 40), ("main", 1)):
+        assert calls.count(fn) == n, (fn, calls)
+
+
+def test_a_filter_change_hooks_code_that_discovery_had_disabled(engine, tmp_path):
+    name = fresh_name()
+    mod = exec_module(name, """
+        def dx_used(i):
+            return i + 1
+
+        def dx_other(i):
+            return i - 1
+    """, tmp_path)
+    rec = Recorder(f"{name}.dx_used")
+    engine.register_ftrace_graph(rec)
+    try:
+        for i in range(3):
+            mod.dx_used(i)
+            mod.dx_other(i)  # seen by discovery, nobody wants it: disabled
+        assert id(mod.dx_other.__code__) in engine.core.disabled()
+        rec.set_filter(f"{name}.dx_other", append=True)
+        assert is_hooked(engine, mod.dx_other.__code__)
+        assert id(mod.dx_other.__code__) not in engine.core.disabled()  # restart_events() ran
+        for i in range(3):
+            mod.dx_other(i)
+    finally:
+        engine.unregister_ftrace_graph(rec)
+    assert rec.names() == ["dx_used"] * 3 + ["dx_other"] * 3
+    rec.assert_exactly_once()
+
+
+def test_another_tool_restarting_events(engine, tmp_path):
+    """restart_events() re-arms discovery's disabled locations: unwatched code is seen once
+    more and disabled again; hooked code keeps exactly one return per entry."""
+    name = fresh_name()
+    mod = exec_module(name, """
+        def dx_hooked(i):
+            return dx_unwatched(i) + 1
+
+        def dx_unwatched(i):
+            return i
+    """, tmp_path)
+    rec = Recorder(f"{name}.dx_hooked")
+    engine.register_ftrace_graph(rec)
+    key = id(mod.dx_unwatched.__code__)
+    try:
+        mod.dx_hooked(0)
+        assert key in engine.core.disabled()
+        for i in range(3):
+            engine.core.disabled().discard(key)
+            sys.monitoring.restart_events()  # another tool's
+            mod.dx_hooked(i)
+            assert key in engine.core.disabled()  # seen again, disabled again
+    finally:
+        engine.unregister_ftrace_graph(rec)
+    assert rec.names() == ["dx_hooked"] * 4
+    rec.assert_exactly_once()
+
+
+def test_stop_leaves_no_disabled_location_behind(engine, tmp_path):
+    """The next tool to take rethook's tool id sees every code object again."""
+    mod = exec_module(fresh_name(), "def dx_seen():\n    return 1\n", tmp_path)
+    rec = Recorder("fib")
+    engine.register_ftrace_graph(rec)
+    tool = engine.tool_id
+    mod.dx_seen()
+    assert id(mod.dx_seen.__code__) in engine.core.disabled()
+    engine.unregister_ftrace_graph(rec)  # the last user: the engine stops
+    assert not engine.running and not engine.core.disabled()
+    ev = sys.monitoring.events
+    started = []
+    sys.monitoring.use_tool_id(tool, "next-tool")
+    try:
+        sys.monitoring.register_callback(tool, ev.PY_START, lambda code, off: started.append(code))
+        sys.monitoring.set_events(tool, ev.PY_START)
+        mod.dx_seen()
+        sys.monitoring.set_events(tool, 0)
+    finally:
+        sys.monitoring.register_callback(tool, ev.PY_START, None)
+        sys.monitoring.free_tool_id(tool)
+    assert mod.dx_seen.__code__ in started
+
+
+def test_code_first_run_inside_a_handler_is_discovered_when_the_program_runs_it(engine):
+    name = fresh_name()
+    ns = {"__name__": name}
+    exec("def dx_helper(x):\n    return x * 3\n", ns)
+    dx_helper = ns["dx_helper"]
+
+    class Calls(Recorder):
+        def entryfunc(self, code, frame, depth, t):
+            if code.co_name == "fib":
+                dx_helper(1)  # first run ever, in a handler: not discovered there
+            return super().entryfunc(code, frame, depth, t)
+
+    rec = Calls(f"*:mod:{name} fib")
+    engine.register_ftrace_graph(rec)
+    try:
+        calls.fib(1)
+        assert engine.registry.lookup(dx_helper.__code__) is None
+        assert engine.stats()["recursion"] == 0  # an unhooked call in a handler: no miss
+        dx_helper(2)
+    finally:
+        engine.unregister_ftrace_graph(rec)
+    assert rec.names() == ["fib", "dx_helper"]
+    rec.assert_exactly_once()
+
+
+def test_available_filter_functions_lists_generated_code(engine):
+    name = fresh_name()
+    fs = Tracefs()
+    try:
+        fs.write("set_ftrace_filter", f"*:mod:{name}")
+        fs.write("current_tracer", "function")
+        ns = {"__name__": name}
+        exec("def dx_made():\n    return 1\n", ns)
+        assert f"{name}.dx_made" not in fs.read("available_filter_functions").split()
+        ns["dx_made"]()
+        assert f"{name}.dx_made" in fs.read("available_filter_functions").split()
+        fs.write("tracing_on", "0")
+        assert f"{name}.dx_made" in fs.read("trace")
+    finally:
+        fs.close()
+
+
+def test_discovery_races_with_hooking(engine, threads=2):
+    """Threads call fresh exec'd functions while another thread changes the filter over and
+    over: every call of a function while it is hooked gets exactly one return, and code
+    hooked after discovery disabled it is hooked for real (its later calls are seen)."""
+    import threading
+
+    name = fresh_name()
+    ns = {"__name__": name}
+    exec("\n".join(f"def f{i}(x):\n    return x + {i}\n" for i in range(10)), ns)
+    funcs = [ns[f"f{i}"] for i in range(10)]
+    rec = Recorder("fib")
+    engine.register_ftrace_graph(rec)
+    for f in funcs:
+        f(0)  # discovered now, and disabled
+    stop = threading.Event()
+
+    def run():
+        while not stop.is_set():
+            for f in funcs:
+                f(1)
+            time.sleep(0)  # let the main thread in
+
+    workers = [threading.Thread(target=run) for _ in range(threads)]
+    try:
+        for t in workers:
+            t.start()
+        for i in range(10):
+            rec.set_filter(f"{name}.f{i}", append=True)
+        stop.set()
+        for t in workers:
+            t.join()
+        before = len(rec.entries)
+        for f in funcs:
+            f(1)
+    finally:
+        stop.set()
+        engine.unregister_ftrace_graph(rec)
+    rec.assert_exactly_once()
+    assert len(rec.entries) == before + 10  # every function is hooked now
+
+
+
+def test_first_call_at_the_recursion_limit(engine):
+    """Discovery needs a few frames: met first at the program's recursion limit, the code
+    runs untouched (no internal error) and, if it could not be registered there, is on a
+    later call."""
+    name = fresh_name()
+    ns = {"__name__": name}
+    exec("def dx_deep():\n    return 1\n", ns)
+    rec = Recorder(f"*:mod:{name}")
+    engine.register_ftrace_graph(rec)
+    errors = engine.stats()["internal_errors"]
+
+    def probe():
+        try:
+            return probe()
+        except RecursionError:  # as deep as calls go: the first call of dx_deep() is here
+            return ns["dx_deep"]()
+
+    try:
+        assert probe() == 1
+        assert ns["dx_deep"]() == 1
+    finally:
+        engine.unregister_ftrace_graph(rec)
+    assert engine.stats()["internal_errors"] == errors
+    assert rec.names() in (["dx_deep"], ["dx_deep", "dx_deep"])
+    rec.assert_exactly_once()
