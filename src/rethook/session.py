@@ -392,6 +392,7 @@ class _Drain(Observer):
                 # Not one notrace() around the loop: a sweep waits for notrace sections.
                 with notrace():
                     self._round(self._pipe, DRAIN_POLL_SECONDS)
+                    self.fs.check_hook()  # another tool took the hook: stop tracing now
         except BaseException as e:  # noqa: BLE001 - reported by finish(), in the main thread
             self.error = e
         finally:

@@ -82,6 +82,7 @@ from types import CodeType, FrameType
 from typing import Any
 
 from rethook.engine import clock
+from rethook.engine.toolid import TOOL_NAME
 
 # Record layout (see the module docstring).
 REC_KEY = 0
@@ -700,14 +701,50 @@ class PyCore:
         mon.set_events(tool_id, self.GLOBAL_EVENTS)
         self.tool_id = tool_id
 
-    def uninstall(self) -> None:
+    def uninstall(self) -> str | None:
+        """Take the callbacks and global events off the tool id. Returns what another tool
+        had changed meanwhile (a callback of ours replaced), or None. An id another tool
+        took over is left alone."""
         mon = sys.monitoring
-        if self.tool_id is None:
-            return
-        mon.set_events(self.tool_id, 0)
-        for event, _ in self._CALLBACKS:
-            mon.register_callback(self.tool_id, getattr(mon.events, event), None)
+        tool_id = self.tool_id
+        if tool_id is None:
+            return None
         self.tool_id = None
+        if mon.get_tool(tool_id) != TOOL_NAME:
+            return None  # another tool's now: its events and callbacks are its own
+        mon.set_events(tool_id, 0)
+        replaced = []
+        for event, callback in self._CALLBACKS:
+            old = mon.register_callback(tool_id, getattr(mon.events, event), None)
+            if old is not callback:
+                replaced.append(event)
+        if not replaced:
+            return None
+        return (f"the callback{'s' if len(replaced) > 1 else ''} for {', '.join(replaced)} of "
+                f"rethook's sys.monitoring tool id {tool_id} "
+                f"{'were' if len(replaced) > 1 else 'was'} replaced "
+                "(sys.monitoring.register_callback): calls after that were not seen whole")
+
+    def hook_lost(self) -> str | None:
+        """What another tool did to the hook, or None while it is as installed: the tool id
+        freed or taken, the global events changed. Cheap (no audit event): a drain thread
+        asks every round. Callbacks cannot be read without replacing them, so a replaced
+        callback is found by :meth:`uninstall`."""
+        mon = sys.monitoring
+        tool_id = self.tool_id
+        if tool_id is None:
+            return None
+        holder = mon.get_tool(tool_id)
+        if holder is None:
+            return (f"rethook's sys.monitoring tool id {tool_id} was freed by the program "
+                    f"(sys.monitoring.free_tool_id({tool_id}))")
+        if holder != TOOL_NAME:
+            return f"rethook's sys.monitoring tool id {tool_id} is now held by {holder!r}"
+        events = mon.get_events(tool_id)
+        if events != self.GLOBAL_EVENTS:
+            return (f"rethook's sys.monitoring events were changed by the program "
+                    f"(sys.monitoring.set_events({tool_id}, {events}))")
+        return None
 
     @staticmethod
     def publish(table: dict[int, tuple]) -> None:

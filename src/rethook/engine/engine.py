@@ -89,6 +89,10 @@ def _ignore(code: CodeType, frame: FrameType | None) -> None:
     return None
 
 
+def _leave_events(tool_id: int, code: CodeType, events: int) -> None:
+    """set_local_events for a tool id that is not rethook's any more: nothing to do."""
+
+
 def _own_code(info: FunctionInfo) -> bool:
     """rethook never hooks itself (the kernel's ``notrace`` on the tracing code)."""
     return info.module == "rethook" or info.module.startswith("rethook.")
@@ -228,6 +232,9 @@ class Engine:
         self._parked_limit = PARKED_HIGH_WATER
         self._closed_deliveries = 0
         self._unfinished_deliveries = 0
+        #: What another tool did to the hook (see check_hook), kept after stop() for the
+        #: report; None while it is intact.
+        self.lost: str | None = None
 
     # --- lifecycle ------------------------------------------------------------------------
     @property
@@ -244,6 +251,7 @@ class Engine:
             if _active is not None and _active is not self:
                 raise EngineError("another rethook engine is running in this process")
             self.tool_id = toolid.acquire()
+            self.lost = None
             self.core.set_max_depth(self.max_depth)
             self.core.publish({})
             self.core.install(self.tool_id)
@@ -251,13 +259,31 @@ class Engine:
             self._unsubscribe = self.registry.subscribe(self._on_new_functions)
             _active = self
 
+    def check_hook(self) -> str | None:
+        """Whether another tool has taken the hook from under rethook (the program freed the
+        tool id, or changed its events: see ``core.hook_lost``); once it has, the reason
+        stays, for whoever reports the run. Cheap: a drain thread asks every round."""
+        if self.lost is None and self.running:
+            self.lost = self.core.hook_lost()
+        return self.lost
+
+    def _owns_hook(self) -> bool:
+        return sys.monitoring.get_tool(self.tool_id) == toolid.TOOL_NAME
+
     @_untraced
     def stop(self) -> None:
-        """Unregister every user (open calls get FLAG_UNFINISHED) and give the tool id back."""
+        """Unregister every user (open calls get FLAG_UNFINISHED) and give the tool id back.
+
+        If the program freed the tool id meanwhile, its events and callbacks are still set
+        (CPython keeps them): the id is taken back for the time it takes to remove them. An id
+        another tool holds now is not touched."""
         with self._lock:
             if not self.running:
                 return
             global _active
+            self.check_hook()
+            if sys.monitoring.get_tool(self.tool_id) is None:
+                sys.monitoring.use_tool_id(self.tool_id, toolid.TOOL_NAME)
             self.collect_parked()
             retired = list(self._graph.values())
             self._graph.clear()
@@ -265,12 +291,15 @@ class Engine:
             self._selection.clear()
             self._slots = [None] * FGRAPH_ARRAY_SIZE
             self._reconcile(retired, everything=True)
-            for code, _ in self._events.values():
-                sys.monitoring.set_local_events(self.tool_id, code, 0)
+            if self._owns_hook():
+                for code, _ in self._events.values():
+                    sys.monitoring.set_local_events(self.tool_id, code, 0)
             self._events.clear()
             self.core.publish({})
             self.core.set_overflow(None, PARKED_HIGH_WATER)
-            self.core.uninstall()
+            replaced = self.core.uninstall()
+            if replaced is not None:
+                self.lost = f"{self.lost}; {replaced}" if self.lost else replaced
             for ts in self.core.thread_states():
                 ts.stack.clear()
             self.core.parked().clear()
@@ -464,7 +493,8 @@ class Engine:
         core = self.core
         tool = self.tool_id
         returns = core.LOCAL_RETURN_EVENTS
-        set_local = sys.monitoring.set_local_events
+        # on an id another tool took (or the program freed) the events are not rethook's
+        set_local = sys.monitoring.set_local_events if self._owns_hook() else _leave_events
         built = self._build()
         table = {key: dispatch for key, (_, _, dispatch) in built.items()}
         # Functions losing their return events: drain them (see _draining) until no call of

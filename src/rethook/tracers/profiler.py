@@ -157,8 +157,9 @@ class FunctionProfiler:
             return
         self.ctx = ctx
         native = native_unavailable(ctx, "profile") is None
-        self.ops = self.last = (NativeProfileOps if native else ProfileOps)(ctx)
-        ctx.engine.register_ftrace_graph(self.ops)
+        ops = (NativeProfileOps if native else ProfileOps)(ctx)
+        ctx.engine.register_ftrace_graph(ops)  # enabled only once it runs
+        self.ops = self.last = ops
 
     def stop(self) -> None:
         if self.ops is not None:
