@@ -522,7 +522,14 @@ class Recorder(_Drain):
         if FUSED_DRAIN and getattr(getattr(fs.tracer, "ops", None), "native", None) is not None:
             # native users will fill rings fast: the first drain rounds must not page in
             # the encoder's memory while the program races them
-            self.writer.prepare_native(fs.ctx.buffer.native_capacity)
+            try:
+                self.writer.prepare_native(fs.ctx.buffer.native_capacity)
+            except MemoryError:  # before the program starts: leave no half-made file
+                self._file.close()
+                os.unlink(self.path)
+                kb = fs.ctx.buffer.size_kb
+                raise SettingError("-b", str(kb), "not enough memory to drain a buffer of "
+                                   f"{kb} KiB per thread") from None
         super().start(fs)
 
     def consume(self, items: list) -> None:

@@ -211,7 +211,11 @@ def _record(ctx: click.Context, prog: Program, settings: TraceSettings, output: 
     except OSError as e:
         fs.close()
         raise click.UsageError(f"-o {output!r}: cannot write: {e.strerror}", ctx) from None
-    outcome = Session(prog, fs).run([recorder])
+    try:
+        outcome = Session(prog, fs).run([recorder])
+    except SettingError as e:  # the recorder could not start: the program did not run
+        fs.close()
+        raise click.UsageError(str(e), ctx) from None
     if outcome.in_child:
         return outcome
     _hook_warning(fs)

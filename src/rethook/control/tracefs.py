@@ -324,12 +324,14 @@ class Tracefs:
 
     def _write_size(self, text: str, append: bool) -> None:
         kb = _int("buffer_size_kb", text, limits.BUFFER_KB)
-        need = kb * 1024  # a thread's buffer; rings are made as threads first record
+        # A thread's buffer (made when the thread first records), and as much again for
+        # reading it out into a file, must fit in the memory there is.
         free = limits.memory_available()
-        if free is not None and need > free:
+        if free is not None and 2 * kb * 1024 > free:
             raise TracefsError("buffer_size_kb", text,
-                               f"{kb} KiB per thread is more memory than is available "
-                               f"({free // 1024} KiB)")
+                               f"{kb} KiB per thread is more memory than can be had: a "
+                               f"thread's buffer and its writing out need twice that, and "
+                               f"{free // 1024} KiB are available")
         self.ctx.buffer.resize(kb)
 
     def _option(self, path: str) -> bool:

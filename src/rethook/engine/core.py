@@ -225,13 +225,19 @@ def _new_thread_state() -> ThreadState:
 _internal_errors = [0]
 
 
+_deferred: list[tuple[str, BaseException]] = []
+
+
 def internal_error(exc: BaseException) -> None:
     """An exception in the core itself: counted, reported once, never raised into the program."""
     _internal_errors[0] += 1
     if _internal_errors[0] == 1:
-        print("rethook: internal error in the hook core (reported once, counted after):",
-              file=sys.stderr)
-        traceback.print_exception(exc, file=sys.stderr)
+        try:
+            report_failure("rethook: internal error in the hook core "
+                           "(reported once, counted after)", exc)
+        except BaseException:  # at the recursion limit even that fails: report it later
+            _deferred.append(("rethook: internal error in the hook core "
+                              "(reported once, counted after)", exc))
 
 
 def handler_failed(reg: Any, exc: BaseException) -> None:
@@ -239,9 +245,40 @@ def handler_failed(reg: Any, exc: BaseException) -> None:
     reg.errors += 1
     if not reg.reported:
         reg.reported = True
-        print(f"rethook: a handler of {reg.ops!r} raised (reported once, counted after):",
-              file=sys.stderr)
-        traceback.print_exception(exc, file=sys.stderr)
+        head = f"rethook: a handler of {reg.ops!r} raised (reported once, counted after)"
+        try:
+            report_failure(head, exc)
+        except BaseException:  # at the recursion limit: report it later
+            _deferred.append((head, exc))
+
+
+def report_deferred() -> None:
+    """Print the failure reports that could not be printed when they happened (the engine
+    does when it stops)."""
+    while _deferred:
+        report_failure(*_deferred.pop(0))
+
+
+def report_failure(head: str, exc: BaseException) -> None:
+    """``HEAD: Type: message`` on stderr, then the traceback. Written for the worst case: at
+    the program's recursion limit (where handlers fail with RecursionError) formatting a
+    traceback fails too, so the one line is built first and always says what happened."""
+    try:
+        what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    except Exception:  # noqa: BLE001 - an exception whose __str__ fails still has a type
+        what = type(exc).__name__
+    if isinstance(exc, RecursionError):
+        what += (f" (the program was at Python's recursion limit, {sys.getrecursionlimit()}: "
+                 "the calls made there may be missing from the trace)")
+    try:
+        tb = "".join(traceback.format_exception(exc))
+    except Exception:  # noqa: BLE001 - e.g. RecursionError again: the line above is the report
+        tb = ""
+    try:
+        sys.stderr.write(f"{head}: {what}\n{tb}")
+        sys.stderr.flush()
+    except Exception:  # noqa: BLE001 - no stderr left to tell
+        pass
 
 
 class notrace:

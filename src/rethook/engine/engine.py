@@ -309,6 +309,7 @@ class Engine:
             toolid.release(self.tool_id)
             self.tool_id = None
             _active = None
+        _core.report_deferred()
 
     def __enter__(self) -> Engine:
         self.start()
