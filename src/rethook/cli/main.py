@@ -30,6 +30,7 @@ from rethook.cli.args import (
 )
 from rethook.control.tracefs import Tracefs
 from rethook.engine import toolid
+from rethook.printable import printable
 from rethook.session import (
     Outcome,
     ProfileObserver,
@@ -412,7 +413,7 @@ def list_(ctx: click.Context, tracers: bool, options: bool, functions: str | Non
             _syntax_error(e)
         if out:
             out.append("")
-        out += names
+        out += map(printable, names)  # the program's names: escaped
     click.echo("\n".join(out))
 
 
