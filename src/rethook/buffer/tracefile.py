@@ -835,6 +835,8 @@ class TraceReader:
                     break
                 self._apply(self._leading, offset, tag, payload)
         except TraceFileError as exc:
+            if self.strict and self._owns_file:
+                self._file.close()  # raised from the constructor: nobody else will
             self._report(exc)
 
     def _fail_open(self, reason: str) -> None:

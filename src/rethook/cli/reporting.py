@@ -205,10 +205,10 @@ def export_file(path: str, fmt: str, output: str | None) -> int:
     if not to_stdout and readable:
         unit = "packets" if binary else "stacks"
         size = human_size(os.path.getsize(output))
-        click.echo(f"rethook: {count:,} {unit} written to {output} ({size})", err=True)
+        upto = ", what comes before the damage" if damage is not None else ""
+        click.echo(f"rethook: {count:,} {unit} written to {output} ({size}){upto}", err=True)
     if damage is not None:
-        _error(f"{damage} (the export holds what comes before it)" if readable
-               else f"{damage} (nothing to export before it)")
+        _error(str(damage))
         return 1
     return 0
 
