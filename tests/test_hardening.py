@@ -395,3 +395,30 @@ def test_failures_at_the_recursion_limit_say_what_happened(tmp_path, flags, engi
     assert r.returncode == 0 and r.stdout == "caught\n", r.stderr
     assert head in r.stderr, r.stderr
     assert "the program was at Python's recursion limit" in r.stderr
+
+
+# --- the documented ranges -------------------------------------------------------------------------
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+
+
+def test_the_documented_ranges_are_the_code_s():
+    from rethook.probes import dynevent, fetch, hist
+
+    ranges = {
+        "`-b KB`": limits.BUFFER_KB, "`--max-graph-depth N`": limits.MAX_GRAPH_DEPTH,
+        "`--tracing-thresh USECS`": limits.TRACING_THRESH_US, "`FUNC:traceon:N`": limits.COUNT,
+        "trigger counts": limits.TRIGGER_COUNT,
+        "hist `size=N`": (1 << hist.MIN_BITS, 1 << hist.MAX_BITS),
+        "probe `rN:`": (1, dynevent.MAX_MAXACTIVE), "`$argN`": (1, fetch.MAX_ARG_NUM),
+        "`$stackN`": (0, fetch.MAX_STACK_DEPTH - 1), "integer immediates": limits.IMMEDIATE,
+        "numbers in event filters": (limits.S64_MIN, limits.U64_MAX),
+    }
+    tracefs = {"`max_graph_depth`": limits.MAX_GRAPH_DEPTH,
+               "`tracing_thresh`": limits.TRACING_THRESH_US, "`buffer_size_kb`": limits.BUFFER_KB}
+    for doc, table, section in (("cli.md", ranges, "### Numbers and their ranges"),
+                                ("tracefs.md", tracefs, "## Files")):
+        text = (DOCS / doc).read_text()
+        lines = text[text.index(section):].splitlines()
+        for start, (lo, hi) in table.items():
+            line = next(x for x in lines if x.startswith(f"| {start}"))
+            assert str(lo) in line and str(hi) in line, (doc, line)
