@@ -397,7 +397,7 @@ def test_failures_at_the_recursion_limit_say_what_happened(tmp_path, flags, engi
     assert "the program was at Python's recursion limit" in r.stderr
 
 
-# --- the documented ranges -------------------------------------------------------------------------
+# --- the documented ranges -----------------------------------------------------------------------
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 
 
