@@ -21,6 +21,7 @@ object that leaves every filter while calls of it are still open keeps its retur
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import sys
@@ -283,7 +284,8 @@ class Engine:
             global _active
             self.check_hook()
             if sys.monitoring.get_tool(self.tool_id) is None:
-                sys.monitoring.use_tool_id(self.tool_id, toolid.TOOL_NAME)
+                with contextlib.suppress(ValueError):  # taken meanwhile: then it is not ours
+                    sys.monitoring.use_tool_id(self.tool_id, toolid.TOOL_NAME)
             self.collect_parked()
             retired = list(self._graph.values())
             self._graph.clear()
