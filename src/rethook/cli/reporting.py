@@ -192,7 +192,7 @@ def export_file(path: str, fmt: str, output: str | None) -> int:
         _error(str(e))
         return 1
     except OSError as e:
-        _error(f"{output if e.filename is None or tmp else e.filename}: {e.strerror or e}")
+        _error(f"{output}: {e.strerror or e}")
         return 1
     except Exception as e:  # noqa: BLE001 - events well-formed but impossible
         if reader is None:

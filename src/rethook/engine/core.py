@@ -225,19 +225,22 @@ def _new_thread_state() -> ThreadState:
 _internal_errors = [0]
 
 
+#: Failure reports that could not be printed when they happened (report_deferred).
 _deferred: list[tuple[str, BaseException]] = []
+_INTERNAL = "rethook: internal error in the hook core (reported once, counted after)"
 
 
+# The two below call report_failure inside their own ``try``, not through a helper: at the
+# program's recursion limit one more call level is what fails, and the report is kept for
+# later (Engine.stop prints it) rather than lost.
 def internal_error(exc: BaseException) -> None:
     """An exception in the core itself: counted, reported once, never raised into the program."""
     _internal_errors[0] += 1
     if _internal_errors[0] == 1:
         try:
-            report_failure("rethook: internal error in the hook core "
-                           "(reported once, counted after)", exc)
-        except BaseException:  # at the recursion limit even that fails: report it later
-            _deferred.append(("rethook: internal error in the hook core "
-                              "(reported once, counted after)", exc))
+            report_failure(_INTERNAL, exc)
+        except BaseException:
+            _deferred.append((_INTERNAL, exc))
 
 
 def handler_failed(reg: Any, exc: BaseException) -> None:
@@ -248,7 +251,7 @@ def handler_failed(reg: Any, exc: BaseException) -> None:
         head = f"rethook: a handler of {reg.ops!r} raised (reported once, counted after)"
         try:
             report_failure(head, exc)
-        except BaseException:  # at the recursion limit: report it later
+        except BaseException:
             _deferred.append((head, exc))
 
 
