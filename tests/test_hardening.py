@@ -385,8 +385,8 @@ except RecursionError:
     (["-p", "nop", "-e", "p:g/e __main__.r n"], None,
      "rethook: a handler of <_EntryProbeOps 'probe:g/e'> raised (reported once, counted "
      "after): RecursionError: maximum recursion depth exceeded"),
-    ([], "python", "rethook: internal error in the hook core (reported once, counted after): "
-                   "RecursionError: maximum recursion depth exceeded"),
+    ([], "python", "rethook: a handler of <GraphOps 'function_graph'> raised (reported once, "
+                   "counted after): RecursionError: maximum recursion depth exceeded"),
 ], ids=["probe-handler", "pure-core"])
 def test_failures_at_the_recursion_limit_say_what_happened(tmp_path, flags, engine_core, head):
     write(tmp_path, "prog.py", RECURSES)

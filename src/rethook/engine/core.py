@@ -225,22 +225,27 @@ def _new_thread_state() -> ThreadState:
 _internal_errors = [0]
 
 
-#: Failure reports that could not be printed when they happened (report_deferred).
-_deferred: list[tuple[str, BaseException]] = []
-_INTERNAL = "rethook: internal error in the hook core (reported once, counted after)"
+#: Failures whose report could not be printed when they happened: (registration or None
+#: for the core's own, exception). report_deferred prints them.
+_deferred: list[tuple[Any, BaseException]] = []
 
 
-# The two below call report_failure inside their own ``try``, not through a helper: at the
-# program's recursion limit one more call level is what fails, and the report is kept for
-# later (Engine.stop prints it) rather than lost.
+def _head(reg: Any) -> str:
+    if reg is None:
+        return "rethook: internal error in the hook core (reported once, counted after)"
+    return f"rethook: a handler of {reg.ops!r} raised (reported once, counted after)"
+
+
+# The two below report inside their own ``try``: at the program's recursion limit any call
+# may fail, the report's too, and then it is kept for later rather than lost.
 def internal_error(exc: BaseException) -> None:
     """An exception in the core itself: counted, reported once, never raised into the program."""
     _internal_errors[0] += 1
     if _internal_errors[0] == 1:
         try:
-            report_failure(_INTERNAL, exc)
+            report_failure(_head(None), exc)
         except BaseException:
-            _deferred.append((_INTERNAL, exc))
+            _deferred.append((None, exc))
 
 
 def handler_failed(reg: Any, exc: BaseException) -> None:
@@ -248,18 +253,18 @@ def handler_failed(reg: Any, exc: BaseException) -> None:
     reg.errors += 1
     if not reg.reported:
         reg.reported = True
-        head = f"rethook: a handler of {reg.ops!r} raised (reported once, counted after)"
         try:
-            report_failure(head, exc)
+            report_failure(_head(reg), exc)
         except BaseException:
-            _deferred.append((head, exc))
+            _deferred.append((reg, exc))
 
 
 def report_deferred() -> None:
     """Print the failure reports that could not be printed when they happened (the engine
     does when it stops)."""
     while _deferred:
-        report_failure(*_deferred.pop(0))
+        reg, exc = _deferred.pop(0)
+        report_failure(_head(reg), exc)
 
 
 def report_failure(head: str, exc: BaseException) -> None:
