@@ -422,3 +422,19 @@ def test_the_documented_ranges_are_the_code_s():
         for start, (lo, hi) in table.items():
             line = next(x for x in lines if x.startswith(f"| {start}"))
             assert str(lo) in line and str(hi) in line, (doc, line)
+
+
+def test_a_failure_report_always_says_what_failed(capsys):
+    from rethook.engine.core import report_failure
+
+    class Mute(Exception):
+        def __str__(self):
+            raise RuntimeError("no str")
+
+    report_failure("rethook: head", ValueError())
+    report_failure("rethook: head", Mute())
+    report_failure("rethook: head", RecursionError("maximum recursion depth exceeded"))
+    err = capsys.readouterr().err
+    assert "rethook: head: ValueError\n" in err and "rethook: head: Mute\n" in err
+    assert ("rethook: head: RecursionError: maximum recursion depth exceeded (the program was "
+            "at Python's recursion limit") in err
