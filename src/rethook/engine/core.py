@@ -268,22 +268,22 @@ def report_deferred() -> None:
 
 
 def report_failure(head: str, exc: BaseException) -> None:
-    """``HEAD: Type: message`` on stderr, then the traceback. Written for the worst case: at
-    the program's recursion limit (where handlers fail with RecursionError) formatting a
-    traceback fails too, so the one line is built first and always says what happened."""
+    """``HEAD:`` and the traceback on stderr. Written for the worst case: at the program's
+    recursion limit (where handlers fail with RecursionError) formatting a traceback fails
+    too, and then ``HEAD: Type: message`` still says what happened."""
     try:
-        what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-    except Exception:  # noqa: BLE001 - an exception whose __str__ fails still has a type
-        what = type(exc).__name__
+        text = f"{head}:\n" + "".join(traceback.format_exception(exc))
+    except Exception:  # noqa: BLE001 - e.g. RecursionError again: one line, then
+        try:
+            what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        except Exception:  # noqa: BLE001 - an exception whose __str__ fails has a type
+            what = type(exc).__name__
+        text = f"{head}: {what}\n"
     if isinstance(exc, RecursionError):
-        what += (f" (the program was at Python's recursion limit, {sys.getrecursionlimit()}: "
-                 "the calls made there may be missing from the trace)")
+        text += (f"rethook: the program was at Python's recursion limit "
+                 f"({sys.getrecursionlimit()}): calls made there may be missing from the trace\n")
     try:
-        tb = "".join(traceback.format_exception(exc))
-    except Exception:  # noqa: BLE001 - e.g. RecursionError again: the line above is the report
-        tb = ""
-    try:
-        sys.stderr.write(f"{head}: {what}\n{tb}")
+        sys.stderr.write(text)
         sys.stderr.flush()
     except Exception:  # noqa: BLE001 - no stderr left to tell
         pass
