@@ -293,12 +293,13 @@ def test_is_fault_for_markers_of_the_field_type():
     ("name ~ 5", "Expecting string field", 7),
     ("len ~ 5", "Illegal operation for field type", 6),
     ("dur & 1", "Illegal operation for field type", 6),
-    ("len > -1", "Illegal integer value", 6),
+    ("len > -1", "Illegal integer value (must be 0 to 18446744073709551615)", 6),
     ("len > 12abc", "Illegal integer value", 6),
     ("len > 08", "Illegal integer value", 6),
     ("ret > 1.5", "Illegal integer value", 6),
-    (f"len > {U64_MAX + 1}", "Illegal integer value", 6),
-    (f"ret > {1 << 63}", "Illegal integer value", 6),
+    (f"len > {U64_MAX + 1}", "Illegal integer value (must be 0 to 18446744073709551615)", 6),
+    (f"ret > {1 << 63}",
+     "Illegal integer value (must be -9223372036854775808 to 9223372036854775807)", 6),
     ("ret == -", "Illegal integer value", 7),
     ("dur > 1.5.5", "Illegal floating point value", 6),
     ("len > 1" + "0" * 23, "Operand too long", 6),
@@ -621,7 +622,8 @@ def test_counted_triggers_are_exact_under_threads():
     ("traceon:abc", "Expected 'if FILTER'", 8, "trigger"),
     ("traceon if", "Missing filter after 'if'", 10, "trigger"),
     ("traceon:3 if nme > 1", "Field not found", 13, "event filter parse error"),
-    ("stacktrace if len > -1", "Illegal integer value", 20, "event filter parse error"),
+    ("stacktrace if len > -1", "Illegal integer value (must be 0 to 18446744073709551615)",
+     20, "event filter parse error"),
 ])
 def test_trigger_errors(text, message, pos, location):
     with pytest.raises(FilterSyntaxError) as info:

@@ -22,11 +22,13 @@ import ast
 import atexit
 import builtins
 import datetime
+import errno
 import importlib.machinery
 import importlib.util
 import io
 import os
 import re
+import stat
 import sys
 import threading
 import time
@@ -37,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 import rethook
-from rethook.buffer.tracefile import TraceWriter
+from rethook.buffer.tracefile import TraceWriter, events_in_file
 from rethook.control.tracefs import Tracefs
 from rethook.engine import clock
 from rethook.engine.core import notrace
@@ -392,6 +394,7 @@ class _Drain(Observer):
                 # Not one notrace() around the loop: a sweep waits for notrace sections.
                 with notrace():
                     self._round(self._pipe, DRAIN_POLL_SECONDS)
+                    self.fs.check_hook()  # another tool took the hook: stop tracing now
         except BaseException as e:  # noqa: BLE001 - reported by finish(), in the main thread
             self.error = e
         finally:
@@ -504,6 +507,7 @@ class Recorder(_Drain):
     def __init__(self, path: str, meta: dict[str, Any]) -> None:
         super().__init__()
         self.path = path
+        self._abspath = os.path.abspath(path)  # the program may chdir
         self.meta = dict(meta)
         # Unbuffered: a forked child of the program inherits no half-written buffer to flush.
         self._file: IO[bytes] = open(path, "wb", buffering=0)  # noqa: SIM115 - closed in finish
@@ -517,12 +521,31 @@ class Recorder(_Drain):
         self.meta.setdefault("start_time", time.time())
         self.meta.setdefault("start_time_iso",
                              datetime.datetime.now().astimezone().isoformat(timespec="seconds"))
-        self.writer = TraceWriter(self._file, self.meta, formats=fs.ctx.formats)
+        try:
+            self.writer = TraceWriter(self._file, self.meta, formats=fs.ctx.formats)
+        except OSError as e:  # /dev/full, a full disk: nothing runs
+            self._discard()
+            raise SettingError("-o", self.path, f"cannot write: {e.strerror or e}") from None
         if FUSED_DRAIN and getattr(getattr(fs.tracer, "ops", None), "native", None) is not None:
             # native users will fill rings fast: the first drain rounds must not page in
             # the encoder's memory while the program races them
-            self.writer.prepare_native(fs.ctx.buffer.native_capacity)
+            try:
+                self.writer.prepare_native(fs.ctx.buffer.native_capacity)
+            except MemoryError:  # before the program starts: leave no half-made file
+                self._discard()
+                kb = fs.ctx.buffer.size_kb
+                raise SettingError("-b", str(kb), "not enough memory to drain a buffer of "
+                                   f"{kb} KiB per thread") from None
         super().start(fs)
+
+    def _discard(self) -> None:
+        """Close the file and remove it, if it is one (not /dev/full, not a pipe)."""
+        self._file.close()
+        try:
+            if stat.S_ISREG(os.stat(self._abspath).st_mode):
+                os.unlink(self._abspath)
+        except OSError:
+            pass
 
     def consume(self, items: list) -> None:
         writer = self.writer
@@ -570,17 +593,35 @@ class Recorder(_Drain):
         finally:
             self._file.close()
         self.events = writer.events_written
-        self.lost = fs.ctx.buffer.totals().lost
+        totals = fs.ctx.buffer.totals()
+        self.lost = totals.lost
+        if self.error is not None:  # what counts is what a reader will find in the file
+            self.events = events_in_file(self._abspath)
+            self.lost = max(self.lost, totals.written - self.events)
 
     def summary(self) -> str:
         """``rethook: 12,345 events (0 lost) written to trace.dat (123.4 KB)``, and a hint
-        when events were lost."""
+        that fits the cause when events were lost."""
         line = (f"rethook: {self.events:,} events ({self.lost:,} lost) written to "
                 f"{self.path} ({human_size(self.size)})")
-        if self.lost:
+        if self.error is not None:
+            line += f"\nrethook: the events after writing failed were not saved: {self._advice()}"
+        elif self.lost:
             line += ("\nrethook: the program made events faster than they could be written;"
                      " a larger per-thread buffer (-b KB) or a narrower filter (-l) keeps them")
         return line
+
+    def _advice(self) -> str:
+        err = getattr(self.error, "errno", None)
+        if err in (errno.ENOSPC, errno.EDQUOT):
+            what = "the disk is full" if err == errno.ENOSPC else "the disk quota is used up"
+            return f"{what}; free space, or write the trace elsewhere (-o)"
+        if err == errno.EFBIG:
+            return ("the file reached the size limit (ulimit -f); raise it, or record fewer "
+                    "functions (-l)")
+        if err == errno.EIO:
+            return "the disk reported an I/O error; write the trace elsewhere (-o)"
+        return "write the trace elsewhere (-o)"
 
 
 class Streamer(_Drain):

@@ -723,6 +723,19 @@ class TraceBuffer:
         capacity, page_events = buffer_geometry(size_kb)
         native_capacity = _native.native_capacity(size_kb)
         with self._reconfiguring() as buffers:
+            # The native rings first, each resized whole or not at all: if one cannot get
+            # its memory, those already resized go back (one that had shrunk keeps only
+            # what the smaller size held) and the size stays as it was.
+            resized = []
+            try:
+                for buf in buffers:
+                    if buf._native is not None:
+                        buf._native.resize(native_capacity)
+                        resized.append(buf._native)
+            except MemoryError:
+                for ring in resized:
+                    ring.resize(self._native_capacity)
+                raise
             for buf in buffers:
                 # keep the newest that fit; and what the ring already overwrote stays lost
                 # when it grows (it may still be in memory, it is not in the ring)
@@ -732,8 +745,6 @@ class TraceBuffer:
             self._native_capacity = native_capacity
             for buf in buffers:
                 buf._cut_to(capacity)
-                if buf._native is not None:
-                    buf._native.resize(native_capacity)
 
     @contextmanager
     def _reconfiguring(self) -> Iterator[list[ThreadBuffer]]:

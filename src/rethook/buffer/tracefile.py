@@ -298,7 +298,7 @@ class TraceWriter:
         self._writev = type(self._file) is io.FileIO and hasattr(os, "writev")
         try:
             head = _HEADER.pack(MAGIC, VERSION_MAJOR, VERSION_MINOR, 0)[:16]
-            self._file.write(head + _CRC.pack(zlib.crc32(head)))
+            self._write(head + _CRC.pack(zlib.crc32(head)))
             self._chunk(TAG_META, self._meta_payload(dict(meta or {})))
             if formats is not None and self._registry is None:
                 for fmt in formats:
@@ -436,7 +436,7 @@ class TraceWriter:
             out[pos:end] = part
             pos = end
         with memoryview(out) as view:
-            self._file.write(view[:total])
+            self._write(view[:total])
 
     def prepare_native(self, records: int) -> None:
         """Get ready to :meth:`write_native` rings of up to ``records`` records: the memory
@@ -643,10 +643,23 @@ class TraceWriter:
             return
         if crc is None:
             crc = zlib.crc32(payload, zlib.crc32(head))
-        write = self._file.write
+        write = self._write
         write(head)
         write(payload)
         write(_CRC.pack(crc))
+
+    def _write(self, data: bytes | memoryview) -> None:
+        """Write all of ``data``: an unbuffered file takes what it can in one call (up to a
+        size limit, or a full disk), and the rest is written again, to get the error."""
+        done = self._file.write(data)
+        if done is None or done >= len(data):
+            return
+        with memoryview(data) as view:
+            while done < len(view):
+                n = self._file.write(view[done:])
+                if not n:
+                    raise OSError(f"{self.name}: nothing written")
+                done += n
 
     def _check_open(self) -> None:
         if self._closed:
@@ -709,6 +722,51 @@ class _Damage(Exception):
     """Internal: damage inside a chunk whose CRC was fine (offset added by the caller)."""
 
 
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_map(v: Any, values: Callable[[Any], bool]) -> bool:
+    return isinstance(v, dict) and all(values(x) for x in v.values())
+
+
+#: META keys rethook's readers rely on, with what each must be: a META chunk that gives one
+#: of them another type is damage (docs/trace-format.md, 3.1). Other keys are free-form.
+META_TYPES: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "tracer": ("a string", lambda v: isinstance(v, str)),
+    "options": ("an object of booleans", lambda v: _is_map(v, lambda x: isinstance(x, bool))),
+    "probe_events": ("an object of strings", lambda v: _is_map(v, lambda x: isinstance(x, str))),
+    "histograms": ("an object of strings", lambda v: _is_map(v, lambda x: isinstance(x, str))),
+}
+
+
+def _json_kind(v: Any) -> str:
+    if v is None:
+        return "null"
+    for kind, name in ((bool, "a boolean"), (int, "a number"), (float, "a number"),
+                       (str, "a string"), (list, "an array"), (dict, "an object")):
+        if isinstance(v, kind):
+            return name
+    return type(v).__name__
+
+
+def _check_meta(meta: dict[str, Any]) -> None:
+    for key, (want, ok) in META_TYPES.items():
+        if key in meta and not ok(meta[key]):
+            raise _Damage(f"META key {key!r} is {_json_kind(meta[key])}, expected {want}")
+
+
+def _is_stats(raw: Any) -> bool:
+    if not _is_map(raw, lambda counts: _is_map(counts, _is_int)):
+        return False
+    try:
+        for tid in raw:
+            int(tid)
+    except ValueError:
+        return False
+    return True
+
+
 class _State:
     """What one pass over the file has learned so far."""
 
@@ -720,6 +778,18 @@ class _State:
         self.stats: dict[int, dict[str, Any]] = {}
         self.events = 0
         self.complete = False
+
+
+def events_in_file(path: str | os.PathLike) -> int:
+    """How many events a reader finds in the trace file at ``path``: those of its intact
+    chunks, before any damage (0 if it is no trace file or cannot be read)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", TraceFileWarning)
+            with TraceReader(path, strict=False) as reader:
+                return reader.event_count
+    except (TraceFileError, OSError):
+        return 0
 
 
 class TraceReader:
@@ -741,6 +811,9 @@ class TraceReader:
         self._file, self.path, self._owns_file = _open_for(source, "rb")
         self.strict = strict
         self.damage: TraceFileError | None = None
+        #: Byte offset of the chunk the events being read come from (for errors a reader's
+        #: consumer meets in them).
+        self.chunk_offset = HEADER_SIZE
         self._file.seek(0, os.SEEK_END)
         self._size = self._file.tell()
         self._file.seek(0)
@@ -764,6 +837,8 @@ class TraceReader:
                     break
                 self._apply(self._leading, offset, tag, payload)
         except TraceFileError as exc:
+            if self.strict and self._owns_file:
+                self._file.close()  # raised from the constructor: nobody else will
             self._report(exc)
 
     def _fail_open(self, reason: str) -> None:
@@ -793,6 +868,11 @@ class TraceReader:
     @property
     def stats(self) -> dict[int, dict[str, Any]]:
         return self._complete().stats
+
+    @property
+    def event_count(self) -> int:
+        """Events in the file (before any damage), counted by a quick pass."""
+        return self._complete().events
 
     def _complete(self) -> _State:
         if self._done is None:
@@ -904,6 +984,7 @@ class TraceReader:
             for offset, tag, payload in self._chunks():
                 if tag == TAG_EVENTS:
                     if decode:
+                        self.chunk_offset = offset
                         yield from self._decode_events(state, offset, payload)
                     else:
                         state.events += _U32.unpack_from(payload)[0] if len(payload) >= 4 else 0
@@ -970,7 +1051,10 @@ class TraceReader:
         try:
             if tag == TAG_META:
                 meta = json.loads(bytes(payload).decode("utf-8", "surrogatepass"))
-                state.meta.update(dict(meta))
+                if not isinstance(meta, dict):
+                    raise _Damage(f"META is {_json_kind(meta)}, expected an object")
+                _check_meta(meta)
+                state.meta.update(meta)
             elif tag == TAG_FORMATS:
                 for fmt in _decode_formats(payload):
                     state.formats.add(fmt)
@@ -983,6 +1067,8 @@ class TraceReader:
                 state.threads.update(_decode_threads(payload))
             elif tag == TAG_STATS:
                 raw = json.loads(bytes(payload).decode("utf-8"))
+                if not _is_stats(raw):
+                    raise _Damage("STAT is not an object of per-thread objects of integers")
                 state.stats.update({int(tid): dict(counts) for tid, counts in raw.items()})
             elif tag == TAG_END:
                 (total,) = _END.unpack(payload)

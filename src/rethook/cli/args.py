@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 
+from rethook import limits
 from rethook.session import TraceSettings
 from rethook.tracers import TRACERS
 
@@ -154,12 +155,29 @@ _OPTION_OPTION = click.option(
     help="Set trace option OPTION, or clear it with noOPTION (e.g. -O funcgraph-retval, "
          "-O nofuncgraph-duration). Repeatable; see 'rethook list -o'.")
 
+class Bounded(click.ParamType):
+    """An integer option with its range (from :mod:`rethook.limits`), read without ``int()``'s
+    digit limit: out of range is a usage error that says the range."""
+
+    name = "integer"
+
+    def __init__(self, bounds: tuple[int, int]) -> None:
+        self.bounds = bounds
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> int:
+        try:
+            return limits.checked_int(str(value), self.bounds)
+        except limits.NumberError as e:
+            self.fail(str(e), param, ctx)
+
+
 _LIMIT_OPTIONS = [
-    click.option("--max-graph-depth", type=click.IntRange(min=0), metavar="N",
+    click.option("--max-graph-depth", type=Bounded(limits.MAX_GRAPH_DEPTH), metavar="N",
                  help="function_graph: record calls only down to depth N (0: no limit)."),
-    click.option("--tracing-thresh", type=click.IntRange(min=0), metavar="USECS",
+    click.option("--tracing-thresh", type=Bounded(limits.TRACING_THRESH_US), metavar="USECS",
                  help="function_graph: record only calls longer than USECS microseconds."),
-    click.option("-b", "buffer_kb", type=click.IntRange(min=1), metavar="KB",
+    click.option("-b", "buffer_kb", type=Bounded(limits.BUFFER_KB), metavar="KB",
                  default=RECORD_BUFFER_KB, show_default=True,
                  help="Ring buffer size per thread, in KiB (buffer_size_kb). Larger than the "
                       "kernel's 1408: the thread that saves events shares the GIL with the "

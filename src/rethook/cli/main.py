@@ -29,6 +29,8 @@ from rethook.cli.args import (
     trace_options,
 )
 from rethook.control.tracefs import Tracefs
+from rethook.engine import toolid
+from rethook.printable import printable
 from rethook.session import (
     Outcome,
     ProfileObserver,
@@ -125,6 +127,11 @@ def _syntax_error(e: SyntaxError) -> NoReturn:
 def _prepare(ctx: click.Context, program: Program, settings: TraceSettings,
              tracer: bool = True) -> tuple[Tracefs, list[str]]:
     """Load the program, register its code, and configure a Tracefs for it (tracing off)."""
+    try:
+        toolid.require_free()
+    except toolid.ToolIdError as e:  # another tool (a sitecustomize, a debugger) has them all
+        _stderr(f"rethook: error: {e}")
+        sys.exit(2)
     _load(ctx, program)
     fs = Tracefs()
     assert program.code is not None
@@ -151,6 +158,15 @@ def _exit(outcome: Outcome) -> NoReturn:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
     sys.exit(outcome.exit_code)
+
+
+def _hook_warning(fs: Tracefs) -> None:
+    """Say so if another tool took the hook from under the run (Tracefs.check_hook)."""
+    fs.check_hook()
+    lost = fs.ctx.engine.lost
+    if lost is not None:
+        _stderr(f"rethook: warning: {lost}. Tracing stopped when rethook noticed; the trace "
+                "is kept, but calls from then on may be missing or incomplete")
 
 
 def _stderr(text: str) -> None:
@@ -197,9 +213,14 @@ def _record(ctx: click.Context, prog: Program, settings: TraceSettings, output: 
     except OSError as e:
         fs.close()
         raise click.UsageError(f"-o {output!r}: cannot write: {e.strerror}", ctx) from None
-    outcome = Session(prog, fs).run([recorder])
+    try:
+        outcome = Session(prog, fs).run([recorder])
+    except SettingError as e:  # the recorder could not start: the program did not run
+        fs.close()
+        raise click.UsageError(str(e), ctx) from None
     if outcome.in_child:
         return outcome
+    _hook_warning(fs)
     if recorder.error is not None:
         _stderr(f"rethook: error writing {output}: {recorder.error}")
         outcome.exit_code = outcome.exit_code or 1
@@ -225,6 +246,7 @@ def stream(ctx: click.Context, module: str | None, program: tuple[str, ...],
     streamer = Streamer(sys.stdout)
     outcome = Session(prog, fs).run([streamer])
     if not outcome.in_child:
+        _hook_warning(fs)
         totals = fs.ctx.buffer.totals()
         _stderr(f"rethook: {totals.written - totals.lost:,} events ({totals.lost:,} lost) "
                 "streamed")
@@ -250,6 +272,7 @@ def profile(ctx: click.Context, module: str | None, program: tuple[str, ...],
     fs, _ = _prepare(ctx, prog, settings, tracer=False)
     outcome = Session(prog, fs).run([ProfileObserver()])
     if not outcome.in_child:
+        _hook_warning(fs)
         try:
             sys.stdout.flush()
             out = sys.__stdout__ or sys.stdout
@@ -391,7 +414,7 @@ def list_(ctx: click.Context, tracers: bool, options: bool, functions: str | Non
             _syntax_error(e)
         if out:
             out.append("")
-        out += names
+        out += map(printable, names)  # the program's names: escaped
     click.echo("\n".join(out))
 
 

@@ -8,15 +8,18 @@ formats come first from a quick pass that checks chunks without decoding events.
 from __future__ import annotations
 
 import os
+import stat
 import sys
+import tempfile
 import warnings
 from collections.abc import Iterable
 from typing import IO
 
 import click
 
-from rethook.buffer.tracefile import TraceFileError, TraceReader
+from rethook.buffer.tracefile import TraceFileError, TraceFileWarning, TraceReader
 from rethook.output.text import FunctionRenderer, Threads, renderer_for
+from rethook.printable import printable, printable_lines
 from rethook.session import human_size
 from rethook.tracers.base import OPTION_DEFAULTS, OptionError, Options
 
@@ -80,6 +83,14 @@ def report_file(path: str, overrides: Iterable[str], out: IO[str] | None = None)
                 devnull = os.open(os.devnull, os.O_WRONLY)
                 os.dup2(devnull, out.fileno())
                 return 0
+            except OSError as e:  # reading the file or writing the report
+                _error(f"{e.filename or path}: {e.strerror or e}")
+                return 1
+            except click.UsageError:
+                raise
+            except Exception as e:  # noqa: BLE001 - events well-formed but impossible
+                _error(str(unreadable(reader, e)))
+                return 1
     if reader.damage is not None:
         _error(str(reader.damage))
         return 1
@@ -118,6 +129,29 @@ def _render(reader: TraceReader, overrides: list[str], out: IO[str]) -> None:
     out.flush()
 
 
+def unreadable(reader: TraceReader, exc: Exception) -> TraceFileError:
+    """Damage a consumer of the events met (a view or an exporter failing on values the
+    chunk checks let through: a file written by something else), at the chunk they came
+    from."""
+    return TraceFileError(reader.path, reader.chunk_offset,
+                          f"events that cannot be read ({type(exc).__name__}: {exc})")
+
+
+def _replace_when_done(output: str, binary: bool):
+    """A temporary file beside ``output``; :func:`os.replace` puts it in place once the
+    export is complete, so an existing ``output`` is never left half overwritten."""
+    folder = os.path.dirname(os.path.abspath(output))
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(output)}.", dir=folder)
+    try:  # the mode open() would give: an existing file's, else what the umask allows
+        mode = stat.S_IMODE(os.stat(output).st_mode)
+    except OSError:
+        mask = os.umask(0)
+        os.umask(mask)
+        mode = 0o666 & ~mask
+    os.fchmod(fd, mode)
+    return os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8"})), tmp
+
+
 def export_file(path: str, fmt: str, output: str | None) -> int:
     """Convert the trace at ``path`` to ``fmt``; returns the exit status."""
     try:
@@ -131,54 +165,86 @@ def export_file(path: str, fmt: str, output: str | None) -> int:
     if output is None:
         output = os.path.splitext(path)[0] + EXPORT_SUFFIX[fmt]
     binary = fmt == "perfetto"
-    try:
-        reader = TraceReader(path)
-    except TraceFileError as e:
-        _error(str(e))
-        return 1
     to_stdout = output == "-"
+    tmp = None
+    reader: TraceReader | None = None
     try:
-        with reader:
-            if to_stdout:
-                target = sys.stdout.buffer if binary else sys.stdout
-                count = write(reader, target)
-                target.flush()
-            else:
-                mode = "wb" if binary else "w"
-                with open(output, mode, **({} if binary else {"encoding": "utf-8"})) as f:
-                    count = write(reader, f)
-    except TraceFileError as e:
-        _error(f"{e} (the export is incomplete)")
+        with warnings.catch_warnings():
+            # Not strict: everything before damage is exported; the damage is said at the end.
+            warnings.simplefilter("ignore", TraceFileWarning)
+            reader = TraceReader(path, strict=False)
+            with reader:
+                if to_stdout:
+                    target = sys.stdout.buffer if binary else sys.stdout
+                    count = write(reader, target)
+                    target.flush()
+                else:
+                    f, tmp = _replace_when_done(output, binary)
+                    with f:
+                        count = write(reader, f)
+                damage = reader.damage
+                readable = reader.event_count if damage is not None else 1
+                if damage is not None and tmp is not None and not readable:
+                    os.unlink(tmp)  # nothing readable: leave an existing output alone
+                    tmp = None
+                elif tmp is not None:
+                    os.replace(tmp, output)
+                    tmp = None
+    except TraceFileError as e:  # not a trace file, or its header is damaged
+        _error(str(e))
         return 1
     except OSError as e:
         _error(f"{output}: {e.strerror or e}")
         return 1
-    if not to_stdout:
+    except Exception as e:  # noqa: BLE001 - events well-formed but impossible
+        if reader is None:
+            raise
+        _error(str(unreadable(reader, e)))
+        return 1
+    finally:
+        if tmp is not None:
+            os.unlink(tmp)
+    if not to_stdout and readable:
         unit = "packets" if binary else "stacks"
         size = human_size(os.path.getsize(output))
-        click.echo(f"rethook: {count:,} {unit} written to {output} ({size})", err=True)
+        upto = ", what comes before the damage" if damage is not None else ""
+        click.echo(f"rethook: {count:,} {unit} written to {output} ({size}){upto}", err=True)
+    if damage is not None:
+        _error(str(damage))
+        return 1
     return 0
 
 
 def hist_file(path: str, only: Iterable[str]) -> int:
     """``rethook hist``: the histograms a recording saved, one section per event."""
     try:
-        meta = TraceReader(path, strict=False).all_meta
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", TraceFileWarning)
+            with TraceReader(path, strict=False) as reader:
+                meta = reader.all_meta
+                damage = reader.damage
     except TraceFileError as e:
         _error(str(e))
+        return 1
+    except OSError as e:
+        _error(f"{path}: {e.strerror or e}")
         return 1
     hists: dict[str, str] = meta.get("histograms") or {}
     wanted = list(only)
     unknown = [name for name in wanted if name not in hists]
-    if unknown:
-        have = ", ".join(sorted(hists)) or "none"
+    if unknown and damage is None:
+        have = ", ".join(map(printable, sorted(hists))) or "none"
         raise click.UsageError(f"-e: no histogram for {', '.join(unknown)} in {path} "
                                f"(recorded: {have})")
-    if not hists:
+    if not hists and damage is None:
         _error(f"{path}: the recording has no histograms (add -R 'hist:keys=...' to an -e)")
         return 1
     out = []
     for name in wanted or sorted(hists):
-        out.append(f"# {name}\n{hists[name]}")
+        if name in hists:  # from a file: its text escaped, line by line
+            out.append(f"# {printable(name)}\n{printable_lines(hists[name])}")
     click.echo("\n".join(out), nl=False)
+    if damage is not None:  # the histograms are saved at the end: damage hides them
+        _error(str(damage))
+        return 1
     return 0

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
+from rethook import limits
 from rethook.buffer.ring import TracePipe
 from rethook.engine.core import notrace
 from rethook.engine.filters import FilterError, FunctionFilter
@@ -42,14 +43,12 @@ class TracefsError(ValueError):
         super().__init__(f"{path}: {message}")
 
 
-def _int(path: str, text: str, minimum: int = 0) -> int:
+def _int(path: str, text: str, bounds: tuple[int, int]) -> int:
+    """A decimal integer within ``bounds`` (the file's range, from :mod:`rethook.limits`)."""
     try:
-        value = int(text.strip())
-    except ValueError:
-        raise TracefsError(path, text, f"expected an integer, got {text.strip()!r}") from None
-    if value < minimum:
-        raise TracefsError(path, text, f"must be at least {minimum}, got {value}")
-    return value
+        return limits.checked_int(text, bounds)
+    except limits.NumberError as e:
+        raise TracefsError(path, text, str(e)) from None
 
 
 def _bool(path: str, text: str) -> bool:
@@ -143,17 +142,22 @@ class Tracefs:
 
     def _write(self, path: str, text: str, append: bool) -> None:
         path = path.strip("/")
-        if path.startswith("options/"):
-            self._option(path)
-            self._apply_option(path[len("options/"):], _bool(path, text))
-            return
-        if path.startswith("events/") and path != "events/enable":
-            self._event_file(path, text)
-            return
-        _, writer = self._entry(path)
-        if writer is None:
-            raise TracefsError(path, text, "is read-only")
-        writer(text, append)
+        try:
+            if path.startswith("options/"):
+                self._option(path)
+                self._set_options({path[len("options/"):]: _bool(path, text)})
+                return
+            if path.startswith("events/") and path != "events/enable":
+                self._event_file(path, text)
+                return
+            _, writer = self._entry(path)
+            if writer is None:
+                raise TracefsError(path, text, "is read-only")
+            writer(text, append)
+        except TracefsError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the writer undid what it did; say why here
+            raise TracefsError(path, text, f"{type(e).__name__}: {e}") from e
 
     cat = read
 
@@ -214,15 +218,26 @@ class Tracefs:
         self.set_tracer(name)
 
     def set_tracer(self, name: str) -> None:
-        """Switch tracers; as in the kernel, the buffer starts empty for the new one."""
-        self.tracer.stop()
+        """Switch tracers; as in the kernel, the buffer starts empty for the new one. If the
+        new one cannot start, the old one runs again and the error is raised: the file never
+        names a tracer that is not running."""
+        old = self.tracer
+        old.stop()
         self.ctx.buffer.clear()
         self._pipe = None
-        self.tracer = TRACERS[name]()
-        self.tracer.start(self.ctx)
+        new = TRACERS[name]()
+        try:
+            new.start(self.ctx)
+        except BaseException:
+            self.tracer = TRACERS["nop"]()  # what runs if the old one cannot start either
+            old.start(self.ctx)
+            self.tracer = old
+            raise
+        self.tracer = new
 
     def _write_filter(self, path: str, text: str, append: bool) -> None:
         f = self.ctx.ftrace_filter
+        saved = f.snapshot()
         try:
             if path == "set_ftrace_filter":
                 f.write_filter(text, append=append)
@@ -230,17 +245,32 @@ class Tracefs:
                 f.write_notrace(text, append=append)
         except FilterError as e:
             raise TracefsError(path, text, str(e)) from e
-        self.commands.sync()
-        self._refilter()
+        unsupported = [c for c in f.commands if c.command not in Commands.SUPPORTED]
+        if unsupported:
+            f.restore(saved)
+            cmd = unsupported[0]
+            at = text.find(":" + cmd.command, cmd.position) + 1
+            message = (f"command {cmd.command!r} is not supported here "
+                       f"(supported: {', '.join(Commands.SUPPORTED)})")
+            raise TracefsError(path, text, str(FilterError(message, text, at)))
+        try:
+            self.commands.sync()
+            self._refilter()
+        except BaseException:
+            f.restore(saved)
+            self.commands.sync()
+            self._refilter()
+            raise
 
     def _write_graph(self, path: str, text: str, append: bool) -> None:
         f: FunctionFilter = (self.ctx.graph_function if path == "set_graph_function"
                              else self.ctx.graph_notrace)
+        saved = f.snapshot()
         try:
             f.write_filter(text, append=append)
         except FilterError as e:
             raise TracefsError(path, text, str(e)) from e
-        self._restart()
+        self._restarted(lambda: f.restore(saved))
 
     def _refilter(self) -> None:
         ops = getattr(self.tracer, "ops", None)
@@ -250,27 +280,60 @@ class Tracefs:
             self.ctx.engine.update(self.profiler.ops)
 
     def _restart(self) -> None:
-        """Settings tracers read when they start: restart the current one to apply them."""
+        """Settings tracers read when they start: restart the current one to apply them.
+        One that cannot start is not left named: ``nop`` (or the profiler off) instead."""
         if self.tracer.name != "nop":
             self.tracer.stop()
-            self.tracer.start(self.ctx)
+            try:
+                self.tracer.start(self.ctx)
+            except BaseException:
+                self.tracer = TRACERS["nop"]()
+                raise
         if self.profiler.enabled:
             self.profiler.stop()
             self.profiler.start(self.ctx)
 
+    def _restarted(self, undo: Callable[[], None]) -> None:
+        """:meth:`_restart` after a settings change; if that fails, ``undo`` the change and
+        restart as things were (the error is raised either way)."""
+        tracer, profiling = self.tracer, self.profiler.enabled
+        try:
+            self._restart()
+        except BaseException:
+            undo()
+            self.tracer = tracer
+            self._restart()  # as things were (nop if even that fails)
+            if profiling and not self.profiler.enabled:
+                self.profiler.start(self.ctx)
+            raise
+
+    def _set_ctx(self, name: str, value: int) -> None:
+        """Set a TraceContext setting that tracers read when they start, then restart them."""
+        old = getattr(self.ctx, name)
+        setattr(self.ctx, name, value)
+        self._restarted(lambda: setattr(self.ctx, name, old))
+
     def _write_depth(self, text: str, append: bool) -> None:
-        self.ctx.max_graph_depth = _int("max_graph_depth", text)
-        self._restart()
+        self._set_ctx("max_graph_depth", _int("max_graph_depth", text, limits.MAX_GRAPH_DEPTH))
 
     def _write_thresh(self, text: str, append: bool) -> None:
-        self.ctx.tracing_thresh_ns = _int("tracing_thresh", text) * 1000
-        self._restart()
+        usecs = _int("tracing_thresh", text, limits.TRACING_THRESH_US)
+        self._set_ctx("tracing_thresh_ns", usecs * 1000)
 
     def _write_on(self, text: str, append: bool) -> None:
         self.ctx.buffer.tracing_on = _bool("tracing_on", text)
 
     def _write_size(self, text: str, append: bool) -> None:
-        self.ctx.buffer.resize(_int("buffer_size_kb", text, minimum=1))
+        kb = _int("buffer_size_kb", text, limits.BUFFER_KB)
+        # A thread's buffer (made when the thread first records), and as much again for
+        # reading it out into a file, must fit in the memory there is.
+        free = limits.memory_available()
+        if free is not None and 2 * kb * 1024 > free:
+            raise TracefsError("buffer_size_kb", text,
+                               f"{kb} KiB per thread is more memory than can be had: a "
+                               f"thread's buffer and its writing out need twice that, and "
+                               f"{free // 1024} KiB are available")
+        self.ctx.buffer.resize(kb)
 
     def _option(self, path: str) -> bool:
         try:
@@ -279,20 +342,30 @@ class Tracefs:
             raise TracefsError(path, "", str(e)) from None
 
     def _write_options(self, text: str, append: bool) -> None:
-        for word in text.split():
-            name = word[2:] if word.startswith("no") and word[2:] in self.ctx.options.names() \
-                else word
-            if name not in self.ctx.options.names():
+        changes: dict[str, bool] = {}
+        names = self.ctx.options.names()
+        for word in text.split():  # every word checked before any is applied
+            name = word[2:] if word.startswith("no") and word[2:] in names else word
+            if name not in names:
                 raise TracefsError("trace_options", text, f"unknown option {word!r}")
-            self._apply_option(name, name == word)
+            changes[name] = name == word
+        self._set_options(changes)
 
-    def _apply_option(self, name: str, value: bool) -> None:
-        self.ctx.options.set(name, value)
-        if name == "overwrite":
-            self.ctx.buffer.overwrite = value
-        elif name in getattr(self.tracer, "uses_options", ()) or name in ("graph-time",
-                                                                          "sleep-time"):
-            self._restart()
+    def _set_options(self, changes: dict[str, bool]) -> None:
+        """Set options together; restart the tracers once if one of them reads any."""
+        opts = self.ctx.options
+        old = {name: opts[name] for name in changes}
+
+        def put(values: dict[str, bool]) -> None:
+            for name, value in values.items():
+                opts.set(name, value)
+            if "overwrite" in values:
+                self.ctx.buffer.overwrite = values["overwrite"]
+
+        put(changes)
+        read = {*getattr(self.tracer, "uses_options", ()), "graph-time", "sleep-time"}
+        if read.intersection(changes):
+            self._restarted(lambda: put(old))
 
     # --- probe events --------------------------------------------------------------------
     EVENT_FILES = ("enable", "filter", "trigger", "format", "hist")
@@ -378,18 +451,28 @@ class Tracefs:
         return ops.threads() if ops is not None else []
 
     def _read_stat(self, path: str) -> str:
-        suffix = path[len("trace_stat/function"):]
         tids = self._profile_threads()
-        if not suffix.isdigit() or int(suffix) >= len(tids):
+        index = limits.parse_digits(path[len("trace_stat/function"):], 10, len(tids) - 1)
+        if index is None:
             raise TracefsError(path, "", "no such file (see listdir())")
         ops = self.profiler.last
-        return stat_table(ops.stats(self.ctx.name, tids[int(suffix)]))
+        return stat_table(ops.stats(self.ctx.name, tids[index]))
 
     def profile_table(self) -> str:
         """All threads' profiles merged (what ``rethook profile`` prints)."""
         with notrace():
             ops = self.profiler.last
             return stat_table(ops.stats(self.ctx.name) if ops is not None else [])
+
+    def check_hook(self) -> str | None:
+        """Whether another tool took the hook from under the trace (the program freed
+        rethook's tool id, or changed its events: ``Engine.check_hook``). When it has,
+        tracing stops: what the hook delivers after that may be calls entered and never
+        left. Returns what happened, or None."""
+        lost = self.ctx.engine.check_hook()
+        if lost is not None:
+            self.ctx.buffer.tracing_on = False
+        return lost
 
     def close(self) -> None:
         """Stop everything this instance registered (the buffer stays readable)."""

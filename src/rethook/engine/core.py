@@ -111,6 +111,7 @@ from typing import Any
 
 from rethook.engine import clock
 from rethook.engine.coreapi import Capabilities
+from rethook.engine.toolid import TOOL_NAME
 
 # Record layout (see the module docstring).
 REC_KEY = 0
@@ -303,13 +304,27 @@ def _new_thread_state() -> ThreadState:
 _internal_errors = [0]
 
 
+#: Failures whose report could not be printed when they happened: (registration or None
+#: for the core's own, exception). report_deferred prints them.
+_deferred: list[tuple[Any, BaseException]] = []
+
+
+def _head(reg: Any) -> str:
+    if reg is None:
+        return "rethook: internal error in the hook core (reported once, counted after)"
+    return f"rethook: a handler of {reg.ops!r} raised (reported once, counted after)"
+
+
+# The two below report inside their own ``try``: at the program's recursion limit any call
+# may fail, the report's too, and then it is kept for later rather than lost.
 def internal_error(exc: BaseException) -> None:
     """An exception in the core itself: counted, reported once, never raised into the program."""
     _internal_errors[0] += 1
     if _internal_errors[0] == 1:
-        print("rethook: internal error in the hook core (reported once, counted after):",
-              file=sys.stderr)
-        traceback.print_exception(exc, file=sys.stderr)
+        try:
+            report_failure(_head(None), exc)
+        except BaseException:
+            _deferred.append((None, exc))
 
 
 def handler_failed(reg: Any, exc: BaseException) -> None:
@@ -317,9 +332,40 @@ def handler_failed(reg: Any, exc: BaseException) -> None:
     reg.errors += 1
     if not reg.reported:
         reg.reported = True
-        print(f"rethook: a handler of {reg.ops!r} raised (reported once, counted after):",
-              file=sys.stderr)
-        traceback.print_exception(exc, file=sys.stderr)
+        try:
+            report_failure(_head(reg), exc)
+        except BaseException:
+            _deferred.append((reg, exc))
+
+
+def report_deferred() -> None:
+    """Print the failure reports that could not be printed when they happened (the engine
+    does when it stops)."""
+    while _deferred:
+        reg, exc = _deferred.pop(0)
+        report_failure(_head(reg), exc)
+
+
+def report_failure(head: str, exc: BaseException) -> None:
+    """``HEAD:`` and the traceback on stderr. Written for the worst case: at the program's
+    recursion limit (where handlers fail with RecursionError) formatting a traceback fails
+    too, and then ``HEAD: Type: message`` still says what happened."""
+    try:
+        text = f"{head}:\n" + "".join(traceback.format_exception(exc))
+    except Exception:  # noqa: BLE001 - e.g. RecursionError again: one line, then
+        try:
+            what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        except Exception:  # noqa: BLE001 - an exception whose __str__ fails has a type
+            what = type(exc).__name__
+        text = f"{head}: {what}\n"
+    if isinstance(exc, RecursionError):
+        text += (f"rethook: the program was at Python's recursion limit "
+                 f"({sys.getrecursionlimit()}): calls made there may be missing from the trace\n")
+    try:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+    except Exception:  # noqa: BLE001 - no stderr left to tell
+        pass
 
 
 class notrace:
@@ -801,6 +847,7 @@ class PyCore:
         | sys.monitoring.events.PY_RESUME
     )
     GLOBAL_EVENTS = sys.monitoring.events.PY_UNWIND | sys.monitoring.events.PY_THROW
+    _discovering = False  # set_discovery: PY_START is a global event too
     #: global while discovery is on: every code object's first call (see Discovery)
     DISCOVERY_EVENTS = sys.monitoring.events.PY_START
     _CALLBACKS = (
@@ -819,20 +866,40 @@ class PyCore:
         mon.set_events(tool_id, self.GLOBAL_EVENTS)
         self.tool_id = tool_id
 
-    def uninstall(self) -> None:
-        """Remove the callbacks and events; re-arm what discovery disabled, so the next tool
-        to take this id (or rethook again) finds every location as it was."""
+    def uninstall(self) -> str | None:
+        """Take the callbacks and global events off the tool id, and re-arm what discovery
+        disabled, so the next tool to take this id (or rethook again) finds every location as
+        it was. Returns what another tool had changed meanwhile (a callback of ours replaced),
+        or None. An id another tool took over is left alone."""
         mon = sys.monitoring
-        if self.tool_id is None:
-            return
+        tool_id = self.tool_id
+        if tool_id is None:
+            return None
         self._discovery_state(None, None)
-        mon.set_events(self.tool_id, 0)
-        for event, _ in self._CALLBACKS:
-            mon.register_callback(self.tool_id, getattr(mon.events, event), None)
+        self._discovering = False
         self.tool_id = None
+        if mon.get_tool(tool_id) != TOOL_NAME:
+            _disabled.clear()  # another tool's now: its events and callbacks are its own
+            return None
+        mon.set_events(tool_id, 0)
+        replaced = []
+        for event, callback in self._CALLBACKS:
+            old = mon.register_callback(tool_id, getattr(mon.events, event), None)
+            if old is not callback:
+                replaced.append(event)
         if _disabled:
             _disabled.clear()
             mon.restart_events()
+        if not replaced:
+            return None
+        return (f"the callback{'s' if len(replaced) > 1 else ''} for {', '.join(replaced)} of "
+                f"rethook's sys.monitoring tool id {tool_id} "
+                f"{'were' if len(replaced) > 1 else 'was'} replaced "
+                "(sys.monitoring.register_callback): calls after that were not seen whole")
+
+    def _global_events(self) -> int:
+        """The events set on the tool id itself: discovery adds PY_START."""
+        return self.GLOBAL_EVENTS | (self.DISCOVERY_EVENTS if self._discovering else 0)
 
     def set_discovery(self, hook: Callable[[CodeType, FrameType | None], bool] | None,
                       known: Any = None) -> None:
@@ -843,9 +910,30 @@ class PyCore:
         did (False: look again next time).
         """
         self._discovery_state(hook, known)
+        self._discovering = hook is not None
         if self.tool_id is not None:
-            events = self.GLOBAL_EVENTS | (self.DISCOVERY_EVENTS if hook is not None else 0)
-            sys.monitoring.set_events(self.tool_id, events)
+            sys.monitoring.set_events(self.tool_id, self._global_events())
+
+    def hook_lost(self) -> str | None:
+        """What another tool did to the hook, or None while it is as installed: the tool id
+        freed or taken, the global events changed. Cheap (no audit event): a drain thread
+        asks every round. Callbacks cannot be read without replacing them, so a replaced
+        callback is found by :meth:`uninstall`."""
+        mon = sys.monitoring
+        tool_id = self.tool_id
+        if tool_id is None:
+            return None
+        holder = mon.get_tool(tool_id)
+        if holder is None:
+            return (f"rethook's sys.monitoring tool id {tool_id} was freed by the program "
+                    f"(sys.monitoring.free_tool_id({tool_id}))")
+        if holder != TOOL_NAME:
+            return f"rethook's sys.monitoring tool id {tool_id} is now held by {holder!r}"
+        events = mon.get_events(tool_id)
+        if events != self._global_events():
+            return (f"rethook's sys.monitoring events were changed by the program "
+                    f"(sys.monitoring.set_events({tool_id}, {events}))")
+        return None
 
     @staticmethod
     def _discovery_state(hook: Callable[[CodeType, FrameType | None], bool] | None,

@@ -29,6 +29,7 @@ object that leaves every filter while calls of it are still open keeps its retur
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import sys
@@ -101,6 +102,10 @@ def _decline(code: CodeType, frame: FrameType | None, depth: int, t: int) -> Non
 
 def _ignore(code: CodeType, frame: FrameType | None) -> None:
     return None
+
+
+def _leave_events(tool_id: int, code: CodeType, events: int) -> None:
+    """set_local_events for a tool id that is not rethook's any more: nothing to do."""
 
 
 def _own_code(info: FunctionInfo) -> bool:
@@ -247,6 +252,9 @@ class Engine:
         self._parked_limit = PARKED_HIGH_WATER
         self._closed_deliveries = 0
         self._unfinished_deliveries = 0
+        #: What another tool did to the hook (see check_hook), kept after stop() for the
+        #: report; None while it is intact.
+        self.lost: str | None = None
 
     # --- lifecycle ------------------------------------------------------------------------
     @property
@@ -263,6 +271,7 @@ class Engine:
             if _active is not None and _active is not self:
                 raise EngineError("another rethook engine is running in this process")
             self.tool_id = toolid.acquire()
+            self.lost = None
             self.core.set_max_depth(self.max_depth)
             self._publish({})
             self.core.install(self.tool_id)
@@ -272,14 +281,34 @@ class Engine:
             self.core.set_discovery(self.registry.discover, self.registry.known_ids())
             _active = self
 
+    def check_hook(self) -> str | None:
+        """Whether another tool has taken the hook from under rethook (the program freed the
+        tool id, or changed its events: see ``core.hook_lost``); once it has, the reason
+        stays, for whoever reports the run. Cheap: a drain thread asks every round."""
+        if self.lost is None and self.running:
+            self.lost = self.core.hook_lost()
+        return self.lost
+
+    def _owns_hook(self) -> bool:
+        return sys.monitoring.get_tool(self.tool_id) == toolid.TOOL_NAME
+
     @_untraced
     def stop(self) -> None:
-        """Unregister every user (open calls get FLAG_UNFINISHED) and give the tool id back."""
+        """Unregister every user (open calls get FLAG_UNFINISHED) and give the tool id back.
+
+        If the program freed the tool id meanwhile, its events and callbacks are still set
+        (CPython keeps them): the id is taken back for the time it takes to remove them. An id
+        another tool holds now is not touched."""
         with self._lock:
             if not self.running:
                 return
             global _active
-            self.core.set_discovery(None)
+            self.check_hook()
+            if sys.monitoring.get_tool(self.tool_id) is None:
+                with contextlib.suppress(ValueError):  # taken meanwhile: then it is not ours
+                    sys.monitoring.use_tool_id(self.tool_id, toolid.TOOL_NAME)
+            if self._owns_hook():
+                self.core.set_discovery(None)
             self.collect_parked()
             retired = list(self._graph.values())
             self._graph.clear()
@@ -287,12 +316,15 @@ class Engine:
             self._selection.clear()
             self._slots = [None] * FGRAPH_ARRAY_SIZE
             self._reconcile(retired, everything=True)
-            for code, _ in self._events.values():
-                sys.monitoring.set_local_events(self.tool_id, code, 0)
+            if self._owns_hook():
+                for code, _ in self._events.values():
+                    sys.monitoring.set_local_events(self.tool_id, code, 0)
             self._events.clear()
             self._publish({})
             self.core.set_overflow(None, PARKED_HIGH_WATER)
-            self.core.uninstall()
+            replaced = self.core.uninstall()
+            if replaced is not None:
+                self.lost = f"{self.lost}; {replaced}" if self.lost else replaced
             for ts in self.core.thread_states():
                 ts.stack.clear()
             self.core.parked().clear()
@@ -302,6 +334,7 @@ class Engine:
             toolid.release(self.tool_id)
             self.tool_id = None
             _active = None
+        _core.report_deferred()
 
     def __enter__(self) -> Engine:
         self.start()
@@ -515,7 +548,8 @@ class Engine:
         core = self.core
         tool = self.tool_id
         returns = core.LOCAL_RETURN_EVENTS
-        set_local = sys.monitoring.set_local_events
+        # on an id another tool took (or the program freed) the events are not rethook's
+        set_local = sys.monitoring.set_local_events if self._owns_hook() else _leave_events
         built = self._build()
         table = {key: dispatch for key, (_, _, dispatch) in built.items()}
         # Functions losing their return events: drain them (see _draining) until no call of

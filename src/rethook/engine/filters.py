@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from types import CodeType
 
+from rethook import limits
 from rethook.engine.registry import FunctionInfo, Registry, default_registry
 
 __all__ = [
@@ -191,9 +192,11 @@ def _parse_count(word: str, text: str, pos: int) -> int | None:
     if word == "unlimited":
         return None
     digits = word[6:] if word.startswith("count=") else word
-    if digits.isascii() and digits.isdigit() and int(digits) > 0:
-        return int(digits)
-    raise FilterError(f"bad count '{word}' (a positive number)", text, pos)
+    lo, hi = limits.COUNT
+    count = limits.parse_digits(digits, 10, hi)
+    if count is not None and count >= lo:
+        return count
+    raise FilterError(f"bad count {limits.shown(word)} (a number from {lo} to {hi})", text, pos)
 
 
 def _parse_word(word: str, start: int, text: str) -> Pattern | FilterCommand:
@@ -431,6 +434,18 @@ class FunctionFilter:
     def write_notrace(self, text: str, append: bool = False) -> None:
         """``echo text > set_ftrace_notrace`` (or ``>>`` with ``append``); all or nothing."""
         self._write(text, append, notrace=True)
+
+    def snapshot(self) -> object:
+        """The filter as it is now, for :meth:`restore` (to undo a write whose effects
+        elsewhere failed)."""
+        return self._state
+
+    def restore(self, snapshot: object) -> None:
+        """Put back what :meth:`snapshot` returned."""
+        assert isinstance(snapshot, _State)
+        with self._lock:
+            self._state = snapshot
+            self._generation += 1
 
     def read_filter(self) -> str:
         """What ``cat set_ftrace_filter`` shows: one pattern per line, then the commands."""

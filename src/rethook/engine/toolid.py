@@ -35,8 +35,19 @@ def acquire(preference: tuple[int, ...] = PREFERENCE) -> int:
             except ValueError:  # taken between the check and the claim
                 continue
             return tool_id
+    raise _none_free()
+
+
+def require_free() -> None:
+    """Raise :class:`ToolIdError` now if no id is free (a command checks before it starts
+    anything, rather than fail half-way through setting up)."""
+    if all(name is not None for name in holders().values()):
+        raise _none_free()
+
+
+def _none_free() -> ToolIdError:
     held = ", ".join(f"{i}: {name!r}" for i, name in holders().items())
-    raise ToolIdError(
+    return ToolIdError(
         "rethook needs one sys.monitoring tool id and all six are in use "
         f"({held}); stop one of those tools (or call sys.monitoring.free_tool_id) first"
     )

@@ -27,11 +27,12 @@ from typing import TextIO
 from rethook.buffer.events import COMMON_COUNT
 from rethook.buffer.tracefile import TraceReader
 from rethook.output.perfetto import SLICE_BEGIN, SLICE_END, slice_events
+from rethook.printable import printable
 
 
 def _frame(name: str) -> str:
-    """A frame name that cannot break the line format."""
-    return name.replace(";", ":").replace("\n", " ").replace("\r", " ")
+    """A frame name that cannot break the line format (nor reach a terminal raw)."""
+    return printable(name.replace(";", ":").replace("\n", " ").replace("\r", " "))
 
 
 def _micros(ns: int) -> int:

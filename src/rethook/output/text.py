@@ -17,6 +17,7 @@ from typing import Any
 
 from rethook.buffer.events import COMMON_COUNT, FormatRegistry, Lost
 from rethook.output.durations import graph_duration, mark
+from rethook.printable import printable
 from rethook.tracers.formats import EXIT_RAISED
 
 FLAG_UNFINISHED = 1
@@ -40,7 +41,8 @@ class Threads:
         return i
 
     def name(self, tid: int) -> str:
-        return self.names.get(tid, "<...>")
+        """The thread's name, escaped (it is the program's text)."""
+        return printable(self.names.get(tid, "<...>"))
 
 
 def seconds(ts_ns: int) -> str:
@@ -56,7 +58,7 @@ def context(threads: Threads, tid: int, ts_ns: int) -> str:
 
 
 def function_header(tracer: str, entries: int, written: int, nthreads: int) -> str:
-    return (f"# tracer: {tracer}\n#\n"
+    return (f"# tracer: {printable(tracer)}\n#\n"
             f"# entries-in-buffer/entries-written: {entries}/{written}   #P:{nthreads}\n#\n"
             "#           TASK-PID     CPU#     TIMESTAMP  FUNCTION\n"
             "#              | |         |         |         |\n")
@@ -79,7 +81,7 @@ def graph_header(opts: dict[str, bool], tracer: str = "function_graph") -> str:
         line2 += "   |   |      "
     line1 += "               FUNCTION CALLS\n"
     line2 += "               |   |   |   |\n"
-    return f"# tracer: {tracer}\n#\n{line1}{line2}"
+    return f"# tracer: {printable(tracer)}\n#\n{line1}{line2}"
 
 
 def _proc(threads: Threads, tid: int) -> str:
@@ -208,14 +210,15 @@ class GraphRenderer(_Renderer):
         self.open.setdefault(tid, []).append((depth, func))
         self.depth[tid] = depth + 1
         return (f"{self._prologue(ts, tid)}{self._duration(None)}{' ' * (depth * INDENT)}"
-                f"{func}({args}) {{")
+                f"{printable(func)}({printable(args)}) {{")
 
     def _leaf(self, entry: tuple, ev: tuple) -> str:
         _, ts, tid, depth, func, args = entry
         calltime, overrun, flags, retval = ev[5], ev[6], ev[8], ev[9]
         self.depth[tid] = depth
         line = (f"{self._prologue(ts, tid)}{self._duration(ev[1] - calltime)}"
-                f"{' ' * (depth * INDENT)}{func}({args});{self._result(flags, retval, None)}")
+                f"{' ' * (depth * INDENT)}{printable(func)}({printable(args)});"
+                f"{self._result(flags, retval, None)}")
         return line + self._overrun(overrun)
 
     def _exit(self, ev: tuple) -> str:
@@ -234,7 +237,7 @@ class GraphRenderer(_Renderer):
         tail = self.opts.get("funcgraph-tail") or not matched
         close = self._result(flags, retval, func)  # with a result, the kernel names the func
         if not close:
-            close = " /* " + func + " */" if tail else ""
+            close = " /* " + printable(func) + " */" if tail else ""
         return (f"{self._prologue(ts, tid)}{self._duration(ts - calltime)}"
                 f"{' ' * (depth * INDENT)}}}{close}{self._overrun(overrun)}")
 
@@ -245,16 +248,16 @@ class GraphRenderer(_Renderer):
         elif flags & FLAG_CLOSED:
             what = "closed"
         elif flags & EXIT_RAISED and retval:
-            what = f"raised {retval}"
+            what = f"raised {printable(retval)}"
         elif flags & EXIT_RAISED:
             what = "raised"
         elif retval:
-            what = f"= {retval}"
+            what = f"= {printable(retval)}"
         else:
             return ""
         if func is None:  # a leaf: func(); /* ... */
             return f" /* {what} */"
-        return f" /* {func} {what} */"
+        return f" /* {printable(func)} {what} */"
 
     def _overrun(self, overrun: int) -> str:
         return f" (Overruns: {overrun})" if self.opts.get("funcgraph-overrun") else ""
@@ -266,18 +269,18 @@ class GraphRenderer(_Renderer):
             stack.pop()
         self.depth[tid] = depth
         return (f"{self._prologue(ts, tid)}{self._duration(None)}{' ' * (depth * INDENT)}"
-                f"}} /* {func} suspended */")
+                f"}} /* {printable(func)} suspended */")
 
     def _resume(self, ev: tuple) -> str:
         _, ts, tid, depth, func = ev
         self.open.setdefault(tid, []).append((depth, func))
         self.depth[tid] = depth + 1
         return (f"{self._prologue(ts, tid)}{self._duration(None)}{' ' * (depth * INDENT)}"
-                f"{func}() {{ /* resumed */")
+                f"{printable(func)}() {{ /* resumed */")
 
     def _comment(self, ev: tuple) -> str:
         tid = ev[2]
-        text = self.describe(self.formats.get(ev[0]), ev).replace("\n", " ")
+        text = printable(self.describe(self.formats.get(ev[0]), ev).replace("\n", " "))
         depth = self.depth.get(tid, 0)
         return (f"{self._prologue(ev[1], tid)}{self._duration(None)}{' ' * (depth * INDENT)}"
                 f"/* {text} */")
@@ -288,11 +291,11 @@ def describe_event(fmt: Any, ev: tuple) -> str:
     if fmt is None:
         return f"unknown event {ev[0]}"
     if fmt.name == "kernel_stack":
-        return "<stack trace>\n" + "\n".join(f" => {f}" for f in ev[3].split("\n"))
+        return "<stack trace>\n" + "\n".join(f" => {printable(f)}" for f in ev[3].split("\n"))
     if fmt.name == "print":
-        return ev[3]
+        return printable(ev[3])
     values = fmt.values(ev)
-    return f"{fmt.name}: " + " ".join(f"{k}={v}" for k, v in values.items())
+    return printable(f"{fmt.name}: " + " ".join(f"{k}={v}" for k, v in values.items()))
 
 
 class FunctionRenderer(_Renderer):
@@ -316,6 +319,7 @@ class FunctionRenderer(_Renderer):
         prefix = context(self.threads, tid, ts - self.t0)
         if fid == self.FUNC:
             func, parent, line = ev[COMMON_COUNT:]
+            func, parent = printable(func), printable(parent)
             if not self.opts.get("print-parent", True) or not parent:
                 yield prefix + func
             elif self.opts.get("sym-offset"):
@@ -340,7 +344,7 @@ def describer(*extra: Describe) -> Callable[[Any, tuple], str]:
         for fn in extra:
             text = fn(fmt, ev)
             if text is not None:
-                return text
+                return printable(text)
         return describe_event(fmt, ev)
 
     return describe

@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from rethook.limits import parse_digits, range_text
 from rethook.probes.fetch import (
     MAX_FETCH_ARGS,
     RESERVED_NAMES,
@@ -231,9 +232,9 @@ def parse_definition(text: str) -> ProbeDefinition | DeleteDefinition:
     if digits:
         if kind == "p":
             raise cmd.error(E_MAXACT_TYPE, 0, 1)
-        maxactive = int(digits)
-        if maxactive == 0 or maxactive > MAX_MAXACTIVE:
-            raise cmd.error(E_BAD_MAXACT, 0, 1)
+        maxactive = parse_digits(digits, 10, MAX_MAXACTIVE)
+        if not maxactive:
+            raise cmd.error(f"{E_BAD_MAXACT} ({range_text(1, MAX_MAXACTIVE)})", 0, 1)
     group: str | None = None
     event: str | None = None
     if i < len(head):  # head[i] == ':'

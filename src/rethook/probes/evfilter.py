@@ -47,6 +47,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from rethook.limits import S64_MAX, S64_MIN, U64_MAX, parse_digits, range_text
+
 __all__ = [
     "COMMON_FIELDS",
     "EventFilter",
@@ -59,9 +61,6 @@ __all__ = [
     "resolve_field",
 ]
 
-U64_MAX = (1 << 64) - 1
-S64_MIN = -(1 << 63)
-S64_MAX = (1 << 63) - 1
 MAX_FILTER_STR_VAL = 256  # the kernel's limit on a string operand (and on a hist string key)
 _NUM_BUF = 24  # the kernel's num_buf: a numeric operand of 24+ characters is "too long"
 _MAX_NESTING = 50  # parentheses/"!" nesting: keeps the generated code inside CPython's limits
@@ -186,8 +185,6 @@ def python_types(kind: str) -> tuple[type, ...]:
 # ---------------------------------------------------------------------------------------------
 # Kernel number parsing (kstrtoull / kstrtoll with base 0)
 
-_OCT = frozenset("01234567")
-_DEC = frozenset("0123456789")
 _HEX = frozenset("0123456789abcdefABCDEF")
 
 
@@ -195,15 +192,8 @@ def _kstrtoull_nosign(s: str) -> int | None:
     if not s:
         return None
     if s[0] == "0" and len(s) > 2 and s[1] in "xX" and s[2] in _HEX:
-        base, body, ok = 16, s[2:], _HEX
-    elif s[0] == "0":
-        base, body, ok = 8, s, _OCT
-    else:
-        base, body, ok = 10, s, _DEC
-    if not body or any(c not in ok for c in body):
-        return None
-    value = int(body, base)
-    return value if value <= U64_MAX else None
+        return parse_digits(s[2:], 16, U64_MAX)
+    return parse_digits(s, 8 if s[0] == "0" else 10, U64_MAX)
 
 
 def kstrtoull(s: str) -> int | None:
@@ -220,6 +210,8 @@ def kstrtoll(s: str) -> int | None:
     return v if v is not None and v <= S64_MAX else None
 
 
+#: What kstrtoll would read as a number, whatever its size.
+_NUMBER = re.compile(r"[+-]?(?:0[xX][0-9a-fA-F]+|0[0-7]*|[1-9][0-9]*)")
 _FLOAT_RE = re.compile(r"-?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
 
 
@@ -537,6 +529,9 @@ class _Parser:
             raise self.error(E_ILLEGAL_INTVAL, vpos)  # a float for an integer field
         value = kstrtoll(token) if kind == "s64" else kstrtoull(token)
         if value is None:
+            if _NUMBER.fullmatch(token):  # a number, out of the field's range: say the range
+                lo, hi = (S64_MIN, S64_MAX) if kind == "s64" else (0, U64_MAX)
+                raise self.error(f"{E_ILLEGAL_INTVAL} ({range_text(lo, hi)})", vpos)
             raise self.error(E_ILLEGAL_INTVAL, vpos)
         return value, j
 

@@ -48,6 +48,7 @@ from types import CodeType, FrameType
 from typing import Any
 
 from rethook.engine import clock
+from rethook.limits import IMMEDIATE, parse_digits, range_text
 
 __all__ = [
     "DEFAULT_TYPE",
@@ -76,6 +77,8 @@ __all__ = [
 
 #: At most this many fetch arguments per event (the kernel's ``MAX_TRACE_ARGS``).
 MAX_FETCH_ARGS = 128
+#: Highest ``$argN`` (the kernel's).
+MAX_ARG_NUM = 65535
 #: Longest argument name (the kernel's ``MAX_ARG_NAME_LEN``).
 MAX_ARG_NAME_LEN = 32
 #: Longest access chain (the kernel allows 16 fetch instructions per argument).
@@ -385,12 +388,17 @@ def _string_value(lit: str, pos: int) -> str:
     return value
 
 
-def _int_value(lit: str) -> int:
+def _int_value(lit: str, pos: int) -> int:
+    """The value of an integer literal (as Python writes them, no underscores), which must
+    lie in :data:`~rethook.limits.IMMEDIATE`."""
     sign = -1 if lit[:1] == "-" else 1
     body = lit.lstrip("+-")
-    if body[:2].lower() in ("0x", "0o", "0b"):
-        return sign * int(body, 0)
-    return sign * int(body, 10)
+    base = {"0x": 16, "0o": 8, "0b": 2}.get(body[:2].lower())
+    lo, hi = IMMEDIATE
+    value = parse_digits(body[2:] if base else body, base or 10, max(hi, -lo))
+    if value is None or not lo <= sign * value <= hi:
+        raise _ArgError(f"{E_BAD_IMM} ({range_text(lo, hi)})", pos)
+    return sign * value
 
 
 def _split_outside_strings(s: str, sep: str) -> int:
@@ -476,14 +484,14 @@ def _parse_expr(s: str, at: int, is_return: bool) -> tuple[str, Any, tuple[Step,
         elif var == "stack":
             source = "stack"
         elif var.startswith("stack") and var[5:].isascii() and var[5:].isdigit():
-            param = int(var[5:])
-            if param >= MAX_STACK_DEPTH:
-                raise _ArgError(E_BAD_STACK_NUM, at)
+            param = parse_digits(var[5:], 10, MAX_STACK_DEPTH - 1)
+            if param is None:
+                raise _ArgError(f"{E_BAD_STACK_NUM} ({range_text(0, MAX_STACK_DEPTH - 1)})", at)
             source = "stackN"
         elif var.startswith("arg") and var[3:].isascii() and var[3:].isdigit():
-            param = int(var[3:])
-            if param == 0 or param > 65535:
-                raise _ArgError(E_BAD_ARG_NUM, at)
+            param = parse_digits(var[3:], 10, MAX_ARG_NUM)
+            if not param:
+                raise _ArgError(f"{E_BAD_ARG_NUM} ({range_text(1, MAX_ARG_NUM)})", at)
             source = "arg"
         else:
             raise _ArgError(E_BAD_VAR, at)
@@ -514,7 +522,7 @@ def _parse_expr(s: str, at: int, is_return: bool) -> tuple[str, Any, tuple[Step,
             m = _INT_LIT.match(s, 1)
             if m is None:
                 raise _ArgError(E_BAD_IMM, at + 1)
-            param = _int_value(m.group())
+            param = _int_value(m.group(), at + 1)
             i = m.end()
         source = "imm"
     elif c == "_" or c.isidentifier():
@@ -558,7 +566,7 @@ def _parse_steps(s: str, i: int, at: int) -> tuple[Step, ...]:
                 m = _INT_LIT.match(s, i)
                 if m is None:
                     raise _ArgError(E_BAD_KEY, at + i)
-                key = _int_value(m.group())
+                key = _int_value(m.group(), at + i)
                 i = m.end()
             if i >= n or s[i] != "]":
                 raise _ArgError(E_KEY_NO_CLOSE, at + i)

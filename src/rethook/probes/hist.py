@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rethook.printable import printable
 from rethook.probes.evfilter import (
     FILTER_ERROR_LOCATION,
     MAX_FILTER_STR_VAL,
@@ -237,9 +238,10 @@ def _fmt_key(f: HistField, comp: Any, comm: str | None) -> str:
     if mod == "buckets":
         return f"{f.name}: ~ {comp}-{comp + f.buckets - 1}"
     if mod == "execname":
-        return f"{f.name}: {comm if comm is not None else '(no comm)':<16}[{comp:>10}]"
-    if f.is_string:
-        return f"{f.name}: {comp:<50}"
+        name = printable(comm) if comm is not None else "(no comm)"
+        return f"{f.name}: {name:<16}[{comp:>10}]"
+    if f.is_string:  # the program's text: escaped, as probe string values are
+        return f"{f.name}: {printable(comp):<50}"
     if isinstance(comp, float):
         return f"{f.name}: {comp!r:>10}"
     return f"{f.name}: {comp:>10}"

@@ -36,6 +36,7 @@ import threading
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from rethook.limits import TRIGGER_COUNT, range_text
 from rethook.probes.evfilter import (
     FILTER_ERROR_LOCATION,
     EventFilter,
@@ -240,7 +241,10 @@ def parse_trigger(text: str, fields: Mapping[str, str], *, event: str | None = N
             end += 1
         count = kstrtoull(text[nxt:end])
         if count is None:
-            raise FilterSyntaxError(E_BAD_COUNT, text, nxt, TRIGGER_ERROR_LOCATION)
+            message = E_BAD_COUNT
+            if text[nxt:end].isascii() and text[nxt:end].isdigit():  # a number, too big
+                message += f" ({range_text(*TRIGGER_COUNT)})"
+            raise FilterSyntaxError(message, text, nxt, TRIGGER_ERROR_LOCATION)
         nxt = _skip_blank(text, end)
     if nxt < n:
         filt = _parse_if(text, nxt, fields, is_fault)

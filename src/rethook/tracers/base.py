@@ -165,11 +165,18 @@ class OpsTracer(Tracer):
 
     def start(self, ctx: TraceContext) -> None:
         self.ctx = ctx
-        self.ops = self.make_ops(ctx)
-        if isinstance(self.ops, FtraceOps):
-            ctx.engine.register_ftrace_function(self.ops)
-        else:
-            ctx.engine.register_ftrace_graph(self.ops)
+        ops = self.make_ops(ctx)
+        try:
+            if isinstance(ops, FtraceOps):
+                ctx.engine.register_ftrace_function(ops)
+            else:
+                ctx.engine.register_ftrace_graph(ops)
+        except BaseException:
+            closing = getattr(ops, "close", None)
+            if closing is not None:
+                closing()
+            raise
+        self.ops = ops  # only once registered: stop() unregisters what start() registered
 
     def stop(self) -> None:
         ops, self.ops = self.ops, None

@@ -17,6 +17,7 @@ from types import CodeType, FrameType
 from typing import Any
 
 from rethook.engine.engine import FgraphOps
+from rethook.printable import printable
 from rethook.tracers.base import TraceContext
 from rethook.tracers.native import GRAPH_HANDLERS, install_handlers, native_unavailable, native_user
 
@@ -157,8 +158,9 @@ class FunctionProfiler:
             return
         self.ctx = ctx
         native = native_unavailable(ctx, "profile") is None
-        self.ops = self.last = (NativeProfileOps if native else ProfileOps)(ctx)
-        ctx.engine.register_ftrace_graph(self.ops)
+        ops = (NativeProfileOps if native else ProfileOps)(ctx)
+        ctx.engine.register_ftrace_graph(ops)  # enabled only once it runs
+        self.ops = self.last = ops
 
     def stop(self) -> None:
         if self.ops is not None:
@@ -175,11 +177,12 @@ def stat_table(stats: list[FunctionStat], width: int = 30) -> str:
     longest name (Python's dotted names would be useless cut at the kernel's 30)."""
     from rethook.output.durations import graph_duration
 
-    width = max(width, *(len(s.name) for s in stats)) if stats else width
+    names = [printable(s.name) for s in stats]  # the program's names: escaped
+    width = max(width, *map(len, names)) if stats else width
     head = f"  {'Function':<{width}}  {'Hit':>10}    Time            Avg             s^2\n"
     rule = f"  {'--------':<{width}}  {'---':>10}    ----            ---             ---\n"
     lines = [head, rule]
-    for s in stats:
-        lines.append(f"  {s.name:<{width}}  {s.hit:>10}    {graph_duration(s.time_ns)}    "
+    for s, name in zip(stats, names, strict=True):
+        lines.append(f"  {name:<{width}}  {s.hit:>10}    {graph_duration(s.time_ns)}    "
                      f"{graph_duration(int(s.avg_ns))}    {graph_duration(int(s.s2_ns / 1000))}\n")
     return "".join(lines)
