@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from rethook.session import TraceSettings
+from rethook.runner.settings import TraceSettings
 from rethook.tracers import TRACERS
 
 #: Default ``-b`` of record and stream (KiB per thread): about 64k events.

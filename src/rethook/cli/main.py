@@ -29,19 +29,10 @@ from rethook.cli.args import (
     trace_options,
 )
 from rethook.control.tracefs import Tracefs
-from rethook.session import (
-    Outcome,
-    ProfileObserver,
-    Program,
-    ProgramError,
-    Recorder,
-    Session,
-    SettingError,
-    Streamer,
-    TraceSettings,
-    configure,
-    trace_meta,
-)
+from rethook.runner.observers import ProfileObserver, Recorder, Streamer, trace_meta
+from rethook.runner.program import Outcome, Program, ProgramError
+from rethook.runner.run import Session
+from rethook.runner.settings import SettingError, TraceSettings, configure, register_program
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -126,9 +117,7 @@ def _prepare(ctx: click.Context, program: Program, settings: TraceSettings,
     """Load the program, register its code, and configure a Tracefs for it (tracing off)."""
     _load(ctx, program)
     fs = Tracefs()
-    assert program.code is not None
-    # Before the filters are written, so that -l names the script's functions (__main__.f).
-    fs.ctx.registry.add_code(program.code, "__main__")
+    register_program(fs, program)  # before the filters are written: -l names its functions
     try:
         filters = configure(fs, settings, program, tracer=tracer)
     except SettingError as e:

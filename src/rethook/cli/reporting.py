@@ -17,7 +17,7 @@ import click
 
 from rethook.buffer.tracefile import TraceFileError, TraceReader
 from rethook.output.text import FunctionRenderer, Threads, renderer_for
-from rethook.session import human_size
+from rethook.runner.observers import human_size
 from rethook.tracers.base import OPTION_DEFAULTS, OptionError, Options
 
 #: Lines gathered before one write to stdout.

@@ -1,0 +1,392 @@
+"""Observers of a run, one per output mode, each with the background thread it needs.
+
+An observer is started right before the program and finished after it: :class:`Recorder`
+drains the ring buffer into a trace file from a background thread (``rethook record``: long
+runs lose nothing to a full buffer unless the program outruns the writer, and then the loss
+is counted and written), :class:`Streamer` prints events live (``rethook stream``), and
+:class:`ProfileObserver` turns the function profiler on for the run (``rethook profile``).
+"""
+
+from __future__ import annotations
+
+import _thread
+import datetime
+import os
+import sys
+import threading
+import time
+import types
+import warnings
+from collections.abc import Callable, Iterable
+from typing import IO, Any
+
+import rethook
+from rethook.buffer.tracefile import TraceWriter
+from rethook.control.tracefs import Tracefs
+from rethook.engine import clock
+from rethook.engine.core import notrace
+from rethook.output.text import Threads, renderer_for
+from rethook.runner.program import Program
+from rethook.runner.settings import TraceSettings
+
+#: How long a drain thread waits for events before looking again (it wakes at once when a
+#: page of events completes).
+DRAIN_POLL_SECONDS = 0.1
+
+
+class Observer:
+    """Something that watches a run: started right before the program, finished after it."""
+
+    def start(self, fs: Tracefs) -> None:
+        """Called with tracing about to go on."""
+
+    def stop(self, fs: Tracefs) -> None:
+        """Called when the program is over, before tracing stops (open calls are still to be
+        delivered as unfinished)."""
+
+    def finish(self, fs: Tracefs) -> None:
+        """Called after the program ended and tracing stopped (never in a forked child)."""
+
+
+class _Drain(Observer):
+    """A background thread that consumes the ring buffer (``trace_pipe``) in batches.
+
+    The thread is not a :class:`threading.Thread`: the program must not see it
+    (``threading.enumerate()``, ``active_count()``). It is stopped around the program's
+    ``os.fork()``: so the child inherits no lock it holds, and Python sees no other thread
+    and has no reason to warn that forking a multi-threaded process is unsafe.
+    """
+
+    def __init__(self) -> None:
+        self._done: Any = None  # a lock held while the thread runs: joining is acquiring it
+        self._stopping = False
+        self._running = False
+        self._pid = os.getpid()
+        self.error: BaseException | None = None
+
+    def start(self, fs: Tracefs) -> None:
+        self.fs = fs
+        self._pipe = fs.ctx.buffer.pipe()
+        self._spawn()
+        os.register_at_fork(before=self._before_fork, after_in_parent=self._after_fork_parent,
+                            after_in_child=self._after_fork_child)
+
+    def _spawn(self) -> None:
+        self._stopping = False
+        self._done = _thread.allocate_lock()
+        self._done.acquire()
+        self._running = True
+        _thread.start_new_thread(self._run, (self._done,))
+
+    def _join(self, until_gone: bool = False) -> None:
+        if self._running:
+            self._stopping = True
+            self._pipe.close()  # wakes a read that is waiting
+            self._done.acquire()
+            self._done.release()
+            self._running = False
+            if until_gone:
+                _wait_thread_gone(self._native_id)
+
+    def _run(self, done: Any) -> None:
+        self._native_id = threading.get_native_id()
+        try:
+            with notrace():
+                _unhush_fork_warning()
+            while not self._stopping:
+                # rethook's own work: the stdlib code it runs is not the program's (-l '*').
+                # Not one notrace() around the loop: a sweep waits for notrace sections.
+                with notrace():
+                    self._round(self._pipe, DRAIN_POLL_SECONDS)
+        except BaseException as e:  # noqa: BLE001 - reported by finish(), in the main thread
+            self.error = e
+        finally:
+            done.release()
+
+    # The at-fork hooks and stop() run in the program's threads, with tracing on: what they
+    # do is rethook's work, not the program's.
+    def _before_fork(self) -> None:
+        with notrace():
+            self._paused = os.getpid() == self._pid and self._running
+            if self._paused:
+                self._join(until_gone=True)
+                _hush_fork_warning()
+
+    def _after_fork_parent(self) -> None:
+        with notrace():
+            if self._paused and self.error is None:
+                self._pipe = self.fs.ctx.buffer.pipe()  # the old one is closed
+                self._spawn()
+
+    def _after_fork_child(self) -> None:
+        with notrace():
+            _unhush_fork_warning()
+
+    def stop(self, fs: Tracefs) -> None:
+        """The program is over: end the thread (finish() takes what is left)."""
+        with notrace():
+            self._join()
+
+    def _drain_rest(self) -> None:
+        """Consume what is left (tracing is off by now)."""
+        if self.error is not None:
+            return
+        with notrace():
+            pipe = self.fs.ctx.buffer.pipe()
+            while self._round(pipe, 0):
+                pass
+
+    def _round(self, pipe: Any, timeout: float) -> bool:
+        """One consuming read (waiting up to ``timeout`` seconds for something), consumed;
+        False when nothing came."""
+        items = pipe.read(timeout)
+        if items:
+            self.consume(items)
+        return bool(items)
+
+    def consume(self, items: list) -> None:
+        raise NotImplementedError
+
+
+#: Python's warning on ``os.fork()`` in a process with several threads.
+_FORK_WARNING = r"This process \(pid=\d+\) is multi-threaded, use of fork\(\) may lead"
+_hushed: list[tuple] = []
+
+
+def _os_threads() -> int | None:
+    """How many threads the OS says this process has (Linux), as Python's fork warning
+    counts them; None where that cannot be read."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[17])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _hush_fork_warning() -> None:
+    """The program forks with only its one thread: Python 3.13+ would still warn, because it
+    counts threads after the at-fork hooks, which restart the drain thread. Hide that one
+    warning (the drain thread lifts the filter as soon as it runs)."""
+    if sys.version_info >= (3, 13) and _os_threads() == 1:
+        warnings.filterwarnings("ignore", message=_FORK_WARNING, category=DeprecationWarning)
+        _hushed.append(warnings.filters[0])
+
+
+def _unhush_fork_warning() -> None:
+    while _hushed:
+        entry = _hushed.pop()
+        try:
+            warnings.filters.remove(entry)
+        except ValueError:
+            continue  # the program reset the filters meanwhile
+        mutated = getattr(warnings, "_filters_mutated", None)
+        if mutated is not None:
+            mutated()  # as filterwarnings() does: cached decisions are stale
+
+
+def _wait_thread_gone(native_id: int, limit: float = 0.2) -> None:
+    """Wait (briefly) until a thread that has finished its function is gone from the OS too:
+    Python's fork warning counts the threads the OS still lists (on Linux)."""
+    task = f"/proc/self/task/{native_id}"
+    deadline = time.monotonic() + limit
+    while os.path.exists(task) and time.monotonic() < deadline:
+        time.sleep(0.0005)
+
+
+#: Whether recorders write a round that is one thread's native records straight from the
+#: ring (TraceWriter.write_native) rather than through event tuples. Private switch, for
+#: tests and measurements: RETHOOK_FUSED_DRAIN=0 turns it off (the files are the same).
+FUSED_DRAIN = os.environ.get("RETHOOK_FUSED_DRAIN", "1") != "0"
+
+
+class Recorder(_Drain):
+    """Writes the run's events to a trace file as they come (``rethook record``).
+
+    A drain round that holds nothing but one thread's native records -- a call storm under
+    the native function_graph user -- is written with :meth:`TraceWriter.write_native`:
+    the records go from the ring into the file's event chunks in C, without an event tuple
+    each, several times faster than the tuple path, and into the same bytes."""
+
+    def __init__(self, path: str, meta: dict[str, Any]) -> None:
+        super().__init__()
+        self.path = path
+        self.meta = dict(meta)
+        # Unbuffered: a forked child of the program inherits no half-written buffer to flush.
+        self._file: IO[bytes] = open(path, "wb", buffering=0)  # noqa: SIM115 - closed in finish
+        self.writer: TraceWriter | None = None
+        self._named: dict[int, str] = {}
+        self.events = 0
+        self.lost = 0
+        self.size = 0
+
+    def start(self, fs: Tracefs) -> None:
+        self.meta.setdefault("start_time", time.time())
+        self.meta.setdefault("start_time_iso",
+                             datetime.datetime.now().astimezone().isoformat(timespec="seconds"))
+        self.writer = TraceWriter(self._file, self.meta, formats=fs.ctx.formats)
+        if FUSED_DRAIN and getattr(getattr(fs.tracer, "ops", None), "native", None) is not None:
+            # native users will fill rings fast: the first drain rounds must not page in
+            # the encoder's memory while the program races them
+            self.writer.prepare_native(fs.ctx.buffer.native_capacity)
+        super().start(fs)
+
+    def consume(self, items: list) -> None:
+        writer = self.writer
+        assert writer is not None
+        self._name_threads()
+        writer.write_events(items)
+
+    def _round(self, pipe: Any, timeout: float) -> bool:
+        if not FUSED_DRAIN:
+            return super()._round(pipe, timeout)
+        items = pipe.read_or_feed(timeout, self._feed)
+        if items:
+            self.consume(items)
+        return items is None or bool(items)
+
+    def _feed(self, ring: Any, tid: int, name_of: Callable[[types.CodeType], str]) -> None:
+        """Write a round that is one native ring's records (see TracePipe.read_or_feed)."""
+        writer = self.writer
+        assert writer is not None
+        self._name_threads()
+        writer.write_native(ring, tid, name_of)
+
+    def _name_threads(self) -> None:
+        assert self.writer is not None
+        for tid, name in self.fs.ctx.buffer.threads().items():
+            if self._named.get(tid) != name:
+                self._named[tid] = name
+                self.writer.set_thread_name(tid, name)
+
+    def finish(self, fs: Tracefs) -> None:
+        writer = self.writer
+        assert writer is not None
+        try:
+            self._drain_rest()
+            if self.error is None:
+                self._name_threads()
+                writer.write_stats(fs.ctx.buffer.stats())
+                writer.set_meta("end_time", time.time())
+                hists = {name: e.read_hist() for name, e in fs.dynamic.events.items()
+                         if e.read_hist()}
+                if hists:  # histograms live in the trace instance: keep them with the trace
+                    writer.set_meta("histograms", hists)
+                writer.close()
+            self.size = os.fstat(self._file.fileno()).st_size  # the program may have chdir'd
+        finally:
+            self._file.close()
+        self.events = writer.events_written
+        self.lost = fs.ctx.buffer.totals().lost
+
+    def summary(self) -> str:
+        """``rethook: 12,345 events (0 lost) written to trace.dat (123.4 KB)``, and a hint
+        when events were lost."""
+        line = (f"rethook: {self.events:,} events ({self.lost:,} lost) written to "
+                f"{self.path} ({human_size(self.size)})")
+        if self.lost:
+            line += ("\nrethook: the program made events faster than they could be written;"
+                     " a larger per-thread buffer (-b KB) or a narrower filter (-l) keeps them")
+        return line
+
+
+class Streamer(_Drain):
+    """Prints events while the program runs, in the tracer's text format (``trace_pipe``).
+
+    Lines go straight to the output's file descriptor, one ``write`` per batch, never
+    through the program's ``sys.stdout``: flushing that from another thread would push out
+    the program's half-written lines and change how its output is buffered.
+    """
+
+    def __init__(self, out: IO[str] | None = None) -> None:
+        super().__init__()
+        self.out = out
+        self._fd: int | None = None
+        self.lines = 0
+
+    def start(self, fs: Tracefs) -> None:
+        out = self.out if self.out is not None else sys.stdout
+        try:
+            out.flush()  # what was printed before the program belongs before its events
+            self._fd = os.dup(out.fileno())  # ours, even if the program closes its stdout
+        except (OSError, ValueError, AttributeError):
+            self._fd = None  # no file descriptor (a StringIO...): write to the stream
+        self.out = out
+        self.threads = Threads(fs.ctx.buffer.threads())
+        self.renderer = renderer_for(fs.tracer.name, fs.ctx.formats, self.threads,
+                                     fs.ctx.options.as_dict(), describe=fs.describe())
+        super().start(fs)
+
+    def consume(self, items: list) -> None:
+        self.threads.names.update(self.fs.ctx.buffer.threads())
+        feed = self.renderer.feed
+        self._emit(line for item in items for line in feed(item))
+
+    def _emit(self, lines: Iterable[str]) -> None:
+        text = "".join(line + "\n" for line in lines)
+        if not text:
+            return
+        self.lines += text.count("\n")
+        if self._fd is None:
+            assert self.out is not None
+            self.out.write(text)
+            self.out.flush()
+            return
+        data = text.encode(getattr(self.out, "encoding", None) or "utf-8", "backslashreplace")
+        while data:
+            data = data[os.write(self._fd, data):]
+
+    def finish(self, fs: Tracefs) -> None:
+        try:
+            self._drain_rest()
+            self._emit(self.renderer.flush())
+        finally:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+
+
+class ProfileObserver(Observer):
+    """Turns the function profiler on for the run (``rethook profile``)."""
+
+    def start(self, fs: Tracefs) -> None:
+        fs.write("function_profile_enabled", "1")
+
+    def finish(self, fs: Tracefs) -> None:
+        fs.write("function_profile_enabled", "0")
+
+
+def human_size(n: int) -> str:
+    if n < 1024:
+        return f"{n} B"
+    for unit in ("KB", "MB", "GB"):
+        n /= 1024  # type: ignore[assignment]
+        if n < 1024 or unit == "GB":
+            return f"{n:.1f} {unit}"
+    raise AssertionError("unreachable")
+
+
+def trace_meta(fs: Tracefs, program: Program, filters: list[str],
+               settings: TraceSettings) -> dict[str, Any]:
+    """The META keys a recorded trace starts with."""
+    return {
+        "tracer": fs.tracer.name,
+        "options": fs.ctx.options.as_dict(),
+        "argv": program.argv,
+        "command": program.command_line,
+        "rethook_command": ["rethook", *sys.argv[1:]],
+        "filter": filters,
+        "notrace": list(settings.notrace),
+        "graph_function": list(settings.graph_functions),
+        "graph_notrace": list(settings.graph_notrace),
+        "probe_events": dict(fs.dynamic.printed),
+        "max_graph_depth": fs.ctx.max_graph_depth,
+        "tracing_thresh_us": fs.ctx.tracing_thresh_ns // 1000,
+        "buffer_size_kb": fs.ctx.buffer.size_kb,
+        "python": sys.version.split()[0],
+        "python_implementation": sys.implementation.name,
+        "engine": fs.ctx.engine.core.name,
+        "rethook_version": rethook.__version__,
+        "pid": os.getpid(),
+        "clock": "monotonic_ns",
+        "clock_source": clock.source,
+    }
