@@ -344,3 +344,16 @@ def render(tracer: str, events: Iterable[Any], formats: FormatRegistry,
     for ev in events:
         yield from r.feed(ev)
     yield from r.flush()
+
+
+def stat_table(stats: list[Any], width: int = 30) -> str:
+    """``trace_stat/function*`` text: the kernel's layout, with a name column as wide as the
+    longest name (Python's dotted names would be useless cut at the kernel's 30)."""
+    width = max(width, *(len(s.name) for s in stats)) if stats else width
+    head = f"  {'Function':<{width}}  {'Hit':>10}    Time            Avg             s^2\n"
+    rule = f"  {'--------':<{width}}  {'---':>10}    ----            ---             ---\n"
+    lines = [head, rule]
+    for s in stats:
+        lines.append(f"  {s.name:<{width}}  {s.hit:>10}    {graph_duration(s.time_ns)}    "
+                     f"{graph_duration(int(s.avg_ns))}    {graph_duration(int(s.s2_ns / 1000))}\n")
+    return "".join(lines)
