@@ -11,6 +11,7 @@ missing script or module) exit with 2; a damaged trace file or a failed write ex
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import platform
 import signal
@@ -29,6 +30,7 @@ from rethook.cli.args import (
     trace_options,
 )
 from rethook.control.tracefs import Tracefs
+from rethook.runner.follow import Follow
 from rethook.runner.observers import ProfileObserver, Recorder, Streamer, trace_meta
 from rethook.runner.program import Outcome, Program, ProgramError
 from rethook.runner.run import Session
@@ -181,18 +183,29 @@ def record(ctx: click.Context, output: str, module: str | None, program: tuple[s
 def _record(ctx: click.Context, prog: Program, settings: TraceSettings, output: str) -> Outcome:
     fs, filters = _prepare(ctx, prog, settings)
     try:
-        recorder = Recorder(output, trace_meta(fs, prog, filters, settings))
+        children = _follow("record", settings, filters, output)
+        sections = children.append_sections if children is not None else None
+        recorder = Recorder(output, trace_meta(fs, prog, filters, settings), sections)
     except OSError as e:
         fs.close()
         raise click.UsageError(f"-o {output!r}: cannot write: {e.strerror}", ctx) from None
-    outcome = Session(prog, fs).run([recorder])
-    if outcome.in_child:
-        return outcome
-    if recorder.error is not None:
-        _stderr(f"rethook: error writing {output}: {recorder.error}")
+    outcome = Session(prog, fs, children).run([recorder])
+    if not outcome.in_child and recorder.error is not None:
         outcome.exit_code = outcome.exit_code or 1
-    _stderr(recorder.summary())
     return outcome
+
+
+def _follow(mode: str, settings: TraceSettings, filters: list[str],
+            output: str | None = None) -> Follow | None:
+    """The run's child processes (None with --no-follow): they trace what this one does.
+    The default filter goes to them resolved (the parent program's own modules), with the
+    names multiprocessing gives the parent's __main__ in spawned children."""
+    if not settings.follow:
+        return None
+    chosen = list(filters) or list(settings.filters)
+    if not settings.filters:
+        chosen += [p for p in ("*:mod:__main__", "*:mod:__mp_main__") if p not in chosen]
+    return Follow.create(mode, dataclasses.replace(settings, filters=chosen), output)
 
 
 @cli.command(cls=ProgramCommand, context_settings=CONTEXT)
@@ -209,42 +222,35 @@ def stream(ctx: click.Context, module: str | None, program: tuple[str, ...],
     """
     prog = _program(ctx, module, program)
     settings = settings_from(params)
-    fs, _ = _prepare(ctx, prog, settings)
-    streamer = Streamer(sys.stdout)
-    outcome = Session(prog, fs).run([streamer])
-    if not outcome.in_child:
-        totals = fs.ctx.buffer.totals()
-        _stderr(f"rethook: {totals.written - totals.lost:,} events ({totals.lost:,} lost) "
-                "streamed")
+    fs, filters = _prepare(ctx, prog, settings)
+    children = _follow("stream", settings, filters)
+    outcome = Session(prog, fs, children).run([Streamer(sys.stdout, children)])
     _exit(outcome)
 
 
 @cli.command(cls=ProgramCommand, context_settings=CONTEXT)
 @trace_options(graph=False)
+@click.option("--per-process", is_flag=True,
+              help="With child processes: one table per process instead of one merged table.")
 @module_option
 @program_argument
 @click.pass_context
 def profile(ctx: click.Context, module: str | None, program: tuple[str, ...],
-            **params: Any) -> None:
+            per_process: bool, **params: Any) -> None:
     """Run a program under the function profiler and print its table at the end.
 
     The table (to stdout, after the program's own output) has ftrace's columns: Function,
-    Hit, Time, Avg, s^2, all threads merged, longest time first. Time includes the calls a
-    function makes; -O nograph-time gives self time. -O nosleep-time leaves out the time
-    generators and coroutines spent suspended.
+    Hit, Time, Avg, s^2, all threads (and followed child processes) merged, longest time
+    first. Time includes the calls a function makes; -O nograph-time gives self time.
+    -O nosleep-time leaves out the time generators and coroutines spent suspended.
     """
     prog = _program(ctx, module, program)
     settings = settings_from(params, tracer="nop")
-    fs, _ = _prepare(ctx, prog, settings, tracer=False)
-    outcome = Session(prog, fs).run([ProfileObserver()])
-    if not outcome.in_child:
-        try:
-            sys.stdout.flush()
-            out = sys.__stdout__ or sys.stdout
-            out.write(fs.profile_table())
-            out.flush()
-        except BrokenPipeError:
-            pass
+    fs, filters = _prepare(ctx, prog, settings, tracer=False)
+    children = _follow("profile", settings, filters)
+    observer = ProfileObserver(children)
+    observer.per_process = per_process
+    outcome = Session(prog, fs, children).run([observer])
     _exit(outcome)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import _thread
 import datetime
+import json
 import os
 import sys
 import threading
@@ -25,7 +26,7 @@ from rethook.buffer.tracefile import TraceWriter
 from rethook.control.tracefs import Tracefs
 from rethook.engine import clock
 from rethook.engine.core import notrace
-from rethook.output.text import Threads, renderer_for
+from rethook.output.text import Threads, renderer_for, switch_lines
 from rethook.runner.program import Program
 from rethook.runner.settings import TraceSettings
 
@@ -45,7 +46,16 @@ class Observer:
         delivered as unfinished)."""
 
     def finish(self, fs: Tracefs) -> None:
-        """Called after the program ended and tracing stopped (never in a forked child)."""
+        """Called after the program ended and tracing stopped."""
+
+    def forget(self) -> None:
+        """In a fork child: let go of what the parent's observer holds, touching nothing the
+        parent still uses (its file is the parent's to write)."""
+
+    def report(self, fs: Tracefs, abrupt: bool) -> None:
+        """Say what the run gave (summary, table), last. ``abrupt``: the process is ending by
+        a signal, so the program's buffered output is not flushed (it would not be, untraced)
+        and rethook writes to the file descriptors directly."""
 
 
 class _Drain(Observer):
@@ -207,10 +217,15 @@ class Recorder(_Drain):
     the records go from the ring into the file's event chunks in C, without an event tuple
     each, several times faster than the tuple path, and into the same bytes."""
 
-    def __init__(self, path: str, meta: dict[str, Any]) -> None:
+    def __init__(self, path: str, meta: dict[str, Any],
+                 sections: Callable[[TraceWriter], list[str]] | None = None,
+                 quiet: bool = False) -> None:
         super().__init__()
         self.path = path
         self.meta = dict(meta)
+        self.sections = sections  # appends the other processes' sections before the end
+        self.quiet = quiet  # a child's recorder: the first process gives the summary
+        self.notes: list[str] = []
         # Unbuffered: a forked child of the program inherits no half-written buffer to flush.
         self._file: IO[bytes] = open(path, "wb", buffering=0)  # noqa: SIM115 - closed in finish
         self.writer: TraceWriter | None = None
@@ -271,12 +286,44 @@ class Recorder(_Drain):
                          if e.read_hist()}
                 if hists:  # histograms live in the trace instance: keep them with the trace
                     writer.set_meta("histograms", hists)
+                if self.sections is not None:
+                    self.notes = self.sections(writer)
                 writer.close()
             self.size = os.fstat(self._file.fileno()).st_size  # the program may have chdir'd
         finally:
             self._file.close()
         self.events = writer.events_written
         self.lost = fs.ctx.buffer.totals().lost
+
+    def forget(self) -> None:
+        self.sections = None
+        self._file.close()  # this process's copy of the descriptor; nothing is written
+
+    def flush(self, fs: Tracefs, note: dict[str, Any] | None = None) -> None:
+        """Write everything recorded so far (the drain paused meanwhile), and ``note`` as
+        META: before this process is replaced by ``exec``."""
+        writer = self.writer
+        if writer is None or self.error is not None:
+            return
+        running = self._running
+        self._join()
+        try:
+            if note:
+                for key, value in note.items():
+                    writer.set_meta(key, value)
+            self._drain_rest()
+            writer.flush()
+        finally:
+            if running and self.error is None:
+                self._pipe = fs.ctx.buffer.pipe()
+                self._spawn()
+
+    def report(self, fs: Tracefs, abrupt: bool) -> None:
+        if self.quiet:
+            return
+        if self.error is not None:
+            emit(2, f"rethook: error writing {self.path}: {self.error}", abrupt)
+        emit(2, self.summary(), abrupt)
 
     def summary(self) -> str:
         """``rethook: 12,345 events (0 lost) written to trace.dat (123.4 KB)``, and a hint
@@ -286,6 +333,8 @@ class Recorder(_Drain):
         if self.lost:
             line += ("\nrethook: the program made events faster than they could be written;"
                      " a larger per-thread buffer (-b KB) or a narrower filter (-l) keeps them")
+        for note in self.notes:
+            line += f"\nrethook: {note}"
         return line
 
 
@@ -297,11 +346,15 @@ class Streamer(_Drain):
     the program's half-written lines and change how its output is buffered.
     """
 
-    def __init__(self, out: IO[str] | None = None) -> None:
+    def __init__(self, out: IO[str] | None = None, children: Any = None) -> None:
         super().__init__()
         self.out = out
         self._fd: int | None = None
         self.lines = 0
+        self.children = children  # the run's Follow: its processes' files are followed too
+        self._tails: dict[str, Any] = {}
+        self._renderers: dict[int, Any] = {}  # id(tail) -> its renderer
+        self._last_tid: int | None = None  # whose line was printed last (process switches)
 
     def start(self, fs: Tracefs) -> None:
         out = self.out if self.out is not None else sys.stdout
@@ -311,15 +364,50 @@ class Streamer(_Drain):
         except (OSError, ValueError, AttributeError):
             self._fd = None  # no file descriptor (a StringIO...): write to the stream
         self.out = out
-        self.threads = Threads(fs.ctx.buffer.threads())
+        self.threads = Threads(fs.ctx.buffer.threads(), {})
         self.renderer = renderer_for(fs.tracer.name, fs.ctx.formats, self.threads,
                                      fs.ctx.options.as_dict(), describe=fs.describe())
         super().start(fs)
 
     def consume(self, items: list) -> None:
         self.threads.names.update(self.fs.ctx.buffer.threads())
-        feed = self.renderer.feed
-        self._emit(line for item in items for line in feed(item))
+        self._emit_from(self.renderer, items, os.getpid())
+
+    def _emit_from(self, renderer: Any, items: list, pid: int) -> None:
+        """Print a batch of one process's events, after ftrace's context-switch block when
+        the last line printed was another process's."""
+        lines = [line for item in items for line in renderer.feed(item)]
+        if not lines:
+            return
+        first = next((item[2] for item in items if isinstance(item, tuple)), None)
+        last = self._last_tid
+        if first is not None:
+            self.threads.pids.setdefault(first, pid)
+            if last is not None and self.threads.pids.get(last) != pid:
+                lines = [*switch_lines(self.threads, last, first), *lines]
+            self._last_tid = next(item[2] for item in reversed(items) if isinstance(item, tuple))
+        self._emit(lines)
+
+    def _round(self, pipe: Any, timeout: float) -> bool:
+        got = super()._round(pipe, timeout)
+        if self.children is not None:
+            self._follow_children()
+        return got
+
+    def _follow_children(self) -> None:
+        for pid, tail in self.children.tails(self._tails):
+            items = tail.read()
+            if not items:
+                continue
+            renderer = self._renderers.get(id(tail))
+            if renderer is None:
+                renderer = self._renderers[id(tail)] = renderer_for(
+                    self.fs.tracer.name, tail.formats, self.threads,
+                    self.fs.ctx.options.as_dict(), describe=self.fs.describe())
+            self.threads.names.update(tail.threads)
+            for tid in tail.threads:
+                self.threads.pids[tid] = pid
+            self._emit_from(renderer, items, pid)
 
     def _emit(self, lines: Iterable[str]) -> None:
         text = "".join(line + "\n" for line in lines)
@@ -338,21 +426,123 @@ class Streamer(_Drain):
     def finish(self, fs: Tracefs) -> None:
         try:
             self._drain_rest()
+            if self.children is not None:
+                with notrace():
+                    self._follow_children()
             self._emit(self.renderer.flush())
+            for renderer in self._renderers.values():
+                self._emit(renderer.flush())
         finally:
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None
 
+    def forget(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # this process's copy
+            self._fd = None
+
+    def report(self, fs: Tracefs, abrupt: bool) -> None:
+        emit(2, _streamed(fs), abrupt)
+
+
+
+def _streamed(fs: Tracefs) -> str:
+    totals = fs.ctx.buffer.totals()
+    return f"rethook: {totals.written - totals.lost:,} events ({totals.lost:,} lost) streamed"
+
 
 class ProfileObserver(Observer):
-    """Turns the function profiler on for the run (``rethook profile``)."""
+    """Turns the function profiler on for the run (``rethook profile``) and prints its table;
+    with ``children``, the followed processes' tables merged in. In a child process (``save``:
+    its ``PID.profile`` file) it saves its own table instead, and in a fork child only what
+    was counted since the fork (the parent's counts up to then are the parent's)."""
+
+    def __init__(self, children: Any = None, save: str | None = None,
+                 forked: bool = False) -> None:
+        self.children = children
+        self.save = save
+        self.forked = forked
+        self._baseline: dict[str, tuple[int, int, int]] = {}
+        self.per_process = False
 
     def start(self, fs: Tracefs) -> None:
+        if self.forked:
+            self._baseline = {s.name: (s.hit, s.time_ns, s.time_sq) for s in _stats(fs)}
+            return
         fs.write("function_profile_enabled", "1")
 
     def finish(self, fs: Tracefs) -> None:
         fs.write("function_profile_enabled", "0")
+        if self.save is None:
+            return
+        rows = []
+        for s in _stats(fs):
+            hit, time_ns, time_sq = self._baseline.get(s.name, (0, 0, 0))
+            if s.hit - hit:
+                rows.append([s.name, s.hit - hit, s.time_ns - time_ns, s.time_sq - time_sq])
+        with open(self.save, "w", encoding="utf-8") as f:
+            json.dump({"pid": os.getpid(), "argv": sys.argv, "rows": rows}, f)
+
+    def report(self, fs: Tracefs, abrupt: bool) -> None:
+        if self.save is not None:
+            return
+        from rethook.output.text import stat_table
+        from rethook.tracers.profiler import FunctionStat
+
+        tables = [(os.getpid(), _stats(fs))]
+        if self.children is not None:
+            for pid, rows in self.children.profiles():
+                tables.append((pid, [FunctionStat(*row) for row in rows]))
+        if self.per_process and len(tables) > 1:
+            text = "".join(f"# process {pid}\n{stat_table(_sorted(stats))}\n"
+                           for pid, stats in tables)
+        else:
+            merged: dict[str, list[int]] = {}
+            for _pid, stats in tables:
+                for st in stats:
+                    row = merged.setdefault(st.name, [0, 0, 0])
+                    row[0] += st.hit
+                    row[1] += st.time_ns
+                    row[2] += st.time_sq
+            text = stat_table(_sorted([FunctionStat(n, *r) for n, r in merged.items()]))
+        emit(1, text, abrupt, end="")
+
+
+def _stats(fs: Tracefs) -> list[Any]:
+    ops = fs.profiler.last
+    return ops.stats(fs.ctx.name) if ops is not None else []
+
+
+def _sorted(stats: list[Any]) -> list[Any]:
+    return sorted(stats, key=lambda s: (-s.time_ns, -s.hit, s.name))
+
+
+def emit(fd: int, text: str, abrupt: bool, end: str = "\n") -> None:
+    """Write rethook's own output (summary to 2, tables to 1). Normally through the Python
+    streams, after the program's buffered output; ``abrupt`` (a signal ends the process):
+    straight to the file descriptor, leaving the program's buffered output as unwritten as
+    it would be untraced."""
+    text += end
+    if not abrupt:
+        stream = sys.__stdout__ if fd == 1 else sys.__stderr__
+        try:
+            if fd == 1:
+                sys.stdout.flush()
+            stream = stream or (sys.stdout if fd == 1 else sys.stderr)
+            stream.write(text)
+            stream.flush()
+            return
+        except BrokenPipeError:
+            return
+        except Exception:  # noqa: BLE001 - a closed stream: try the descriptor
+            pass
+    data = text.encode("utf-8", "backslashreplace")
+    try:
+        while data:
+            data = data[os.write(fd, data):]
+    except OSError:
+        pass
 
 
 def human_size(n: int) -> str:
@@ -368,9 +558,7 @@ def human_size(n: int) -> str:
 def trace_meta(fs: Tracefs, program: Program, filters: list[str],
                settings: TraceSettings) -> dict[str, Any]:
     """The META keys a recorded trace starts with."""
-    return {
-        "tracer": fs.tracer.name,
-        "options": fs.ctx.options.as_dict(),
+    meta = {
         "argv": program.argv,
         "command": program.command_line,
         "rethook_command": ["rethook", *sys.argv[1:]],
@@ -378,6 +566,16 @@ def trace_meta(fs: Tracefs, program: Program, filters: list[str],
         "notrace": list(settings.notrace),
         "graph_function": list(settings.graph_functions),
         "graph_notrace": list(settings.graph_notrace),
+    }
+    meta.update(process_meta(fs))
+    return meta
+
+
+def process_meta(fs: Tracefs) -> dict[str, Any]:
+    """The META keys of any process's trace: how it traces, with what, where."""
+    return {
+        "tracer": fs.tracer.name,
+        "options": fs.ctx.options.as_dict(),
         "probe_events": dict(fs.dynamic.printed),
         "max_graph_depth": fs.ctx.max_graph_depth,
         "tracing_thresh_us": fs.ctx.tracing_thresh_ns // 1000,

@@ -34,6 +34,7 @@ class TraceSettings:
     max_graph_depth: int | None = None
     tracing_thresh: int | None = None  # microseconds
     buffer_kb: int | None = None  # -b
+    follow: bool = True  # --no-follow: child processes run untraced
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -60,10 +61,12 @@ def default_filter(program: Program) -> list[str]:
 
 
 def configure(fs: Tracefs, settings: TraceSettings, program: Program | None,
-              tracer: bool = True) -> list[str]:
+              tracer: bool = True, refused: list[SettingError] | None = None) -> list[str]:
     """Apply ``settings`` to ``fs`` with tracing off; returns the filter patterns in force.
 
-    Raises :class:`SettingError` naming the flag whose value was refused.
+    Raises :class:`SettingError` naming the flag whose value was refused; or, given a
+    ``refused`` list (a child process applying its parent's settings), adds the refusals to
+    it and goes on.
     """
     from rethook.control.tracefs import TracefsError
 
@@ -73,7 +76,9 @@ def configure(fs: Tracefs, settings: TraceSettings, program: Program | None,
         except TracefsError as e:
             # "PATH: " and error_log's "[timestamp] " say nothing about the flag
             message = re.sub(r"^\[ *[\d.]+\] ", "", str(e).removeprefix(f"{path}: "))
-            raise SettingError(flag, value, message) from None
+            if refused is None:
+                raise SettingError(flag, value, message) from None
+            refused.append(SettingError(flag, value, message))
 
     write("tracing_on", "0", "tracing_on", "0")
     if settings.buffer_kb is not None:
@@ -110,6 +115,37 @@ def configure(fs: Tracefs, settings: TraceSettings, program: Program | None,
     if tracer:
         write("-p", settings.tracer, "current_tracer", settings.tracer)
     return filters
+
+
+def configure_leniently(fs: Tracefs, settings: TraceSettings, tracer: bool = True) -> None:
+    """:func:`configure` for a child process: its parent's settings, where they apply. A
+    filter pattern (``-l``) that names nothing here yet is written again whenever functions
+    appear (a module imported later, code runpy runs), so it hooks them before they run;
+    other refusals are left out. Tracing nothing never turns into tracing everything."""
+    from rethook.control.tracefs import TracefsError
+
+    refused: list[SettingError] = []
+    configure(fs, settings, None, tracer=tracer, refused=refused)
+    waiting = [e.value for e in refused if e.flag == "-l"]
+    if not waiting:
+        return
+    blocked = len(waiting) == len(settings.filters)
+    if blocked:  # an empty filter means every function: none until one of them matches
+        fs.write("set_ftrace_notrace", "*", append=True)
+
+    def retry(_infos: list) -> None:
+        nonlocal blocked
+        for text in list(waiting):
+            try:
+                fs.write("set_ftrace_filter", text, append=True)
+            except TracefsError:
+                continue
+            waiting.remove(text)
+            if blocked:
+                blocked = False
+                fs.write("set_ftrace_notrace", "!*", append=True)
+
+    fs.ctx.registry.subscribe(retry)
 
 
 def _write_default_filter(fs: Tracefs, program: Program) -> list[str]:
