@@ -30,6 +30,21 @@ def _error(text: str) -> None:
     click.echo(f"rethook: error: {text}", err=True)
 
 
+def _damage_status(damage: TraceFileError | None, path: str) -> int:
+    """Report damage met while reading: a file that merely stops early (the recording was
+    killed, or is still going on) is a warning and status 0, since everything in it was
+    read; other damage is an error, status 1."""
+    if damage is None:
+        return 0
+    if damage.truncated:
+        click.echo(f"rethook: warning: {path}: the recording has no end (its END chunk is "
+                   f"missing: killed, or still running?); shown up to byte offset "
+                   f"{damage.offset}, the last complete chunk", err=True)
+        return 0
+    _error(str(damage))
+    return 1
+
+
 def display_options(recorded: dict, overrides: Iterable[str]) -> dict[str, bool]:
     """The options a trace was recorded with, then ``-O`` overrides (validated)."""
     opts = Options({k: v for k, v in recorded.items() if k in OPTION_DEFAULTS})
@@ -80,10 +95,7 @@ def report_file(path: str, overrides: Iterable[str], out: IO[str] | None = None)
                 devnull = os.open(os.devnull, os.O_WRONLY)
                 os.dup2(devnull, out.fileno())
                 return 0
-    if reader.damage is not None:
-        _error(str(reader.damage))
-        return 1
-    return 0
+    return _damage_status(reader.damage, path)
 
 
 def _render(reader: TraceReader, overrides: list[str], out: IO[str]) -> None:
@@ -92,7 +104,7 @@ def _render(reader: TraceReader, overrides: list[str], out: IO[str]) -> None:
     meta = reader.meta
     tracer = meta.get("tracer", "function_graph")
     opts = display_options(meta.get("options", {}), overrides)
-    renderer = renderer_for(tracer, formats, Threads(threads), opts,
+    renderer = renderer_for(tracer, formats, Threads(threads, reader.thread_pids), opts,
                             describe=_describer(meta.get("probe_events")))
     if isinstance(renderer, FunctionRenderer):
         entries = sum(s.get("entries", 0) + s.get("read", 0) for s in stats.values())
@@ -130,13 +142,16 @@ def export_file(path: str, fmt: str, output: str | None) -> int:
         output = os.path.splitext(path)[0] + EXPORT_SUFFIX[fmt]
     binary = fmt == "perfetto"
     try:
-        reader = TraceReader(path)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            reader = TraceReader(path, strict=False)  # a file without its end is exported
     except TraceFileError as e:
         _error(str(e))
         return 1
     to_stdout = output == "-"
     try:
-        with reader:
+        with reader, warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # damage is kept in reader.damage, said below
             if to_stdout:
                 target = sys.stdout.buffer if binary else sys.stdout
                 count = write(reader, target)
@@ -151,21 +166,30 @@ def export_file(path: str, fmt: str, output: str | None) -> int:
     except OSError as e:
         _error(f"{output}: {e.strerror or e}")
         return 1
+    status = _damage_status(reader.damage, path)
     if not to_stdout:
         unit = "packets" if binary else "stacks"
         size = human_size(os.path.getsize(output))
         click.echo(f"rethook: {count:,} {unit} written to {output} ({size})", err=True)
-    return 0
+    return status
 
 
 def hist_file(path: str, only: Iterable[str]) -> int:
     """``rethook hist``: the histograms a recording saved, one section per event."""
     try:
-        meta = TraceReader(path, strict=False).all_meta
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            reader = TraceReader(path, strict=False)
+            meta = reader.all_meta
+            processes = reader.processes
     except TraceFileError as e:
         _error(str(e))
         return 1
-    hists: dict[str, str] = meta.get("histograms") or {}
+    hists: dict[str, str] = dict(meta.get("histograms") or {})
+    for pid, proc in processes.items():  # followed processes' histograms, by process
+        if proc.get("how") != "main":
+            for name, text in (proc.get("meta", {}).get("histograms") or {}).items():
+                hists[f"{name} (process {pid})"] = text
     wanted = list(only)
     unknown = [name for name in wanted if name not in hists]
     if unknown:
@@ -179,4 +203,4 @@ def hist_file(path: str, only: Iterable[str]) -> int:
     for name in wanted or sorted(hists):
         out.append(f"# {name}\n{hists[name]}")
     click.echo("\n".join(out), nl=False)
-    return 0
+    return _damage_status(reader.damage, path)

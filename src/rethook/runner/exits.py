@@ -65,6 +65,12 @@ def release() -> None:
             continue
 
 
+def disarm() -> None:
+    """Nothing to finish for now (a fork child setting up its own run)."""
+    global _finisher
+    _finisher = None
+
+
 def finish_now(why: str) -> None:
     """Run the current finishing routine (once), reporting its failure instead of raising."""
     global _finisher

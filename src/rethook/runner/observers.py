@@ -73,6 +73,7 @@ class _Drain(Observer):
         self._running = False
         self._pid = os.getpid()
         self.error: BaseException | None = None
+        self.fs: Any = None  # set by start()
 
     def start(self, fs: Tracefs) -> None:
         self.fs = fs
@@ -139,7 +140,7 @@ class _Drain(Observer):
 
     def _drain_rest(self) -> None:
         """Consume what is left (tracing is off by now)."""
-        if self.error is not None:
+        if self.error is not None or self.fs is None:
             return
         with notrace():
             pipe = self.fs.ctx.buffer.pipe()
@@ -275,7 +276,8 @@ class Recorder(_Drain):
 
     def finish(self, fs: Tracefs) -> None:
         writer = self.writer
-        assert writer is not None
+        if writer is None:  # never started (the process ended while it was starting)
+            return
         try:
             self._drain_rest()
             if self.error is None:

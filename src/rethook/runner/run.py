@@ -105,6 +105,7 @@ class Session:
         children are not followed, record nothing (the parent's file is not ours to write)."""
         if self._finished or os.getpid() == self.pid:
             return
+        exits.disarm()  # the parent's run is not this process's to finish
         with notrace():
             parent = self.pid
             self.pid = os.getpid()
