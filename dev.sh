@@ -99,7 +99,9 @@ case "$cmd" in
         for b in bench/bench_*.py; do "$venv/bin/python" "$b" "$@"; done ;;
     lint)
         setup
-        "$venv/bin/python" -m ruff check src tests bench ;;
+        "$venv/bin/python" -m ruff check src tests bench
+        # the layers contract in pyproject.toml (the README's layout)
+        "$venv/bin/lint-imports" --config pyproject.toml ;;
     *)
         sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'
         [ "$cmd" = help ] || exit 2 ;;

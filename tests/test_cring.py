@@ -651,7 +651,7 @@ def test_trace_file_holds_native_events(cring):
 def test_tracefs_views_and_recorder_include_native_events(engine, tmp_path, cring):
     from programs import shapes
     from rethook.control import Tracefs
-    from rethook.session import Recorder
+    from rethook.runner.observers import Recorder
 
     fs = Tracefs()
     try:

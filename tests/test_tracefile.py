@@ -211,7 +211,7 @@ def test_meta_threads_stats_and_lost(tmp_path):
         assert r.meta == {"tracer": "function_graph", "argv": ["a", "ü"], "end": 123}
         assert r.threads == {11: "renamed", -3: ""}
         assert r.stats == {11: {"written": 7, "lost": 5}}
-        assert r.version == (1, 0)
+        assert r.version == (2, 0)
 
 
 def test_properties_do_not_disturb_a_running_pass(tmp_path):
@@ -396,10 +396,10 @@ def test_trailing_garbage_and_wrong_version(tmp_path):
     got, err = read_until_error(path)
     assert err is not None and err.offset == len(data)
     bumped = bytearray(data)
-    bumped[12] = 2  # major version 2, with a CRC that matches it
+    bumped[12] = 3  # major version 3, with a CRC that matches it
     bumped[16:20] = struct.pack("<I", zlib.crc32(bytes(bumped[:16])))
     path.write_bytes(bytes(bumped))
-    with pytest.raises(TraceFileError, match="version 2"):
+    with pytest.raises(TraceFileError, match="version 3"):
         TraceReader(path)
 
 

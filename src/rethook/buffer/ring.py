@@ -44,6 +44,12 @@ Ordering guarantee
     in a later batch, so across batches the order is per thread only -- the
     same caveat as the kernel's trace_pipe.
 
+Fork
+    In a fork child only the forking thread exists, and what the buffers hold is the
+    parent's to deliver: every TraceBuffer keeps that thread's buffer (tracers have cached its
+    ``append`` and its C ring), emptied, its counters reset and its ``tid`` the child's,
+    and forgets the others (:meth:`TraceBuffer._after_fork_in_child`).
+
 Threads
     The writer's fast path takes no lock; everything else (the writer's slow
     path, readers, resize, clear, the gate) holds the thread buffer's lock. A buffer must be
@@ -79,6 +85,7 @@ The native half
 from __future__ import annotations
 
 import heapq
+import os
 import threading
 import time
 import weakref
@@ -611,6 +618,7 @@ class TraceBuffer:
         self._native_capacity = _native.native_capacity(size_kb)
         self._name_of: _native.NameOf = _native.default_name_of
         self._poll_seconds = PIPE_POLL_SECONDS  # NATIVE_PIPE_POLL_SECONDS once a ring exists
+        _live_buffers.add(self)
 
     # -- writers --------------------------------------------------------------------------
 
@@ -856,6 +864,36 @@ class TraceBuffer:
                 self._cond.wait(seconds)
             finally:
                 self._waiting -= 1
+
+
+    def _after_fork_in_child(self) -> None:
+        """In a fork child: keep the forking thread's buffer, empty and with the child's thread
+        id; forget the other threads' (see "Fork" above). Locks are new: another thread of the
+        parent may have held one at the fork."""
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(threading.Lock())
+        self._waiting = 0
+        self._pipe_lock = threading.Lock()
+        me: ThreadBuffer | None = getattr(self._tls, "buf", None)
+        self._buffers = []
+        if me is None:
+            return
+        me._lock = threading.Lock()
+        me.tid = threading.get_native_id()
+        me.finished = False
+        me._clear()
+        self._buffers.append(me)
+
+
+_live_buffers: weakref.WeakSet[TraceBuffer] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for buffer in list(_live_buffers):
+        buffer._after_fork_in_child()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 #: Takes a round that is one native ring's records: ``feed(ring, tid, name_of)`` consumes

@@ -46,9 +46,11 @@ from rethook.buffer.native import consumed_items
 #: that a text-mode transfer would mangle (the PNG trick).
 MAGIC = b"\x89rethook\r\n\x1a\n"
 
-#: Version written: readers accept any minor version of their major version.
-VERSION_MAJOR = 1
+#: Version written: readers accept any minor version of their major version, and version 1
+#: (2.0 added process sections, PROC chunks, which change what the chunks after them mean).
+VERSION_MAJOR = 2
 VERSION_MINOR = 0
+READ_MAJORS = (1, 2)
 
 _HEADER = struct.Struct("<12sHHI")  # magic, major, minor, CRC-32 of the first 16 bytes
 _CHUNK_HEAD = struct.Struct("<4sI")  # tag, payload length
@@ -75,6 +77,7 @@ TAG_EVENTS = b"EVTS"
 TAG_LOST = b"LOST"
 TAG_STATS = b"STAT"
 TAG_END = b"END "
+TAG_PROC = b"PROC"
 
 # integer column encodings
 _INT_PLAIN = 0
@@ -102,13 +105,17 @@ def _tag_name(tag: bytes) -> str:
 
 
 class TraceFileError(Exception):
-    """A trace file is damaged (truncated, corrupt) or not a trace file at all."""
+    """A trace file is damaged (truncated, corrupt) or not a trace file at all.
 
-    def __init__(self, path: str, offset: int, reason: str) -> None:
+    ``truncated`` says the damage is only that the file stops early (its writer was killed,
+    or is still writing): every chunk in it is intact, it just has no END."""
+
+    def __init__(self, path: str, offset: int, reason: str, truncated: bool = False) -> None:
         super().__init__(f"{path}: {reason} (at byte offset {offset})")
         self.path = path
         self.offset = offset
         self.reason = reason
+        self.truncated = truncated
 
 
 class TraceFileWarning(UserWarning):
@@ -291,6 +298,7 @@ class TraceWriter:
         self._new_meta: dict[str, Any] = {}
         self._events = 0
         self._closed = False
+        self._sections = False  # append_process was called: the file's own events are over
         self._gathered: list[bytes] | None = None  # chunks held for one write (write_native)
         self._scratch_used = False  # the C encoder keeps memory for write_native
         self._out = bytearray()  # write_native's output buffer, kept between calls
@@ -334,11 +342,42 @@ class TraceWriter:
         """Add or replace one META key (written with the next chunk)."""
         self._new_meta[key] = value
 
+    # -- process sections -----------------------------------------------------------------
+
+    def append_process(self, source: str | os.PathLike,
+                       info: Mapping[str, Any]) -> tuple[int, bool]:
+        """Append another process's trace file as a section of this one: a PROC chunk with
+        ``info`` (``pid`` at least), then the source's chunks copied verbatim, up to its END
+        (not copied) or its last complete chunk. Returns (events copied, whether the source
+        had its END). After the first section this writer writes no events of its own.
+        """
+        self._check_open()
+        self._flush_definitions()
+        self._sections = True
+        events = 0
+        complete = False
+        info = dict(info)
+        chunks = list(iter_chunks(source))
+        for tag, _raw in chunks:
+            if tag == TAG_END:
+                complete = True
+        info.setdefault("complete", complete)
+        self._chunk(TAG_PROC, json.dumps(info, default=str).encode())
+        for tag, raw in chunks:
+            if tag == TAG_END:
+                break
+            if tag == TAG_EVENTS:
+                events += _U32.unpack_from(raw, _CHUNK_HEAD.size)[0]
+            self._file.write(raw)
+        self._events += events
+        return events, complete
+
     # -- events ---------------------------------------------------------------------------
 
     def write_events(self, events: Iterable[Event | Lost]) -> int:
         """Write events (and :class:`Lost` markers) in order; returns how many events."""
         self._check_open()
+        self._check_own_section()
         written = 0
         if isinstance(events, list):
             for start in range(0, len(events), self._batch):
@@ -371,6 +410,7 @@ class TraceWriter:
         call.
         """
         self._check_open()
+        self._check_own_section()
         if not self._native_encodable():
             return self.write_events(consumed_items(ring.consume(tid, name_of), tid))
         new_strings: list[str] = []
@@ -665,6 +705,10 @@ class TraceWriter:
         if self._closed:
             raise ValueError(f"{self.name}: trace writer is closed")
 
+    def _check_own_section(self) -> None:
+        if self._sections:
+            raise ValueError(f"{self.name}: other processes' sections follow: no more events")
+
     # -- lifetime -----------------------------------------------------------------------------
 
     @property
@@ -713,6 +757,89 @@ def write_trace(
         count = writer.write_events(buffer.iter_trace())
         writer.write_stats(buffer.stats())
     return count
+
+
+# -- reading chunks as they are ------------------------------------------------------------
+
+
+def iter_chunks(source: str | os.PathLike, start: int = 0) -> Iterator[tuple[bytes, bytes]]:
+    """``(tag, raw chunk bytes)`` of each intact chunk of a trace file, from ``start`` (0: the
+    first chunk, after checking the header) up to its END chunk or its last complete chunk,
+    whichever comes first. A file still being written (or cut short) just ends the iteration:
+    this is how a finished run's process files are merged, and how they are followed while
+    they grow (:class:`TraceTail`)."""
+    with open(source, "rb") as f:
+        if start == 0:
+            head = f.read(HEADER_SIZE)
+            if len(head) < HEADER_SIZE or head[: len(MAGIC)] != MAGIC \
+                    or zlib.crc32(head[:16]) != _CRC.unpack_from(head, 16)[0]:
+                return
+            start = HEADER_SIZE
+        f.seek(start)
+        while True:
+            head = f.read(_CHUNK_HEAD.size)
+            if len(head) < _CHUNK_HEAD.size:
+                return
+            tag, length = _CHUNK_HEAD.unpack(head)
+            if length > MAX_CHUNK_PAYLOAD:
+                return
+            body = f.read(length + _CRC.size)
+            if len(body) < length + _CRC.size:
+                return
+            if zlib.crc32(memoryview(body)[:length], zlib.crc32(head)) \
+                    != _CRC.unpack_from(body, length)[0]:
+                return
+            yield tag, head + body
+            if tag == TAG_END:
+                return
+
+
+class TraceTail:
+    """Follows a trace file another process is still writing: each :meth:`read` returns the
+    events (and Lost markers) of the complete chunks added since the previous one.
+    ``formats`` and ``threads`` grow as the file's definitions arrive; ``done`` is set once
+    the END chunk has been read."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = path
+        self._offset = 0
+        self._state = _State()
+        self.done = False
+
+    @property
+    def formats(self) -> FormatRegistry:
+        return self._state.section.formats
+
+    @property
+    def threads(self) -> dict[int, str]:
+        return self._state.threads
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        return self._state.meta
+
+    def read(self) -> list[Event | Lost]:
+        out: list[Event | Lost] = []
+        if self.done:
+            return out
+        offset = self._offset
+        state = self._state
+        try:
+            for tag, raw in iter_chunks(self.path, offset):
+                offset = (offset or HEADER_SIZE) + len(raw)
+                payload = memoryview(raw)[_CHUNK_HEAD.size:-_CRC.size]
+                if tag == TAG_EVENTS:
+                    out += _decode_batch(state.section, payload)
+                elif tag == TAG_LOST:
+                    out.append(Lost(*_LOST.unpack(payload)))
+                elif tag == TAG_END:
+                    self.done = True
+                elif tag in (TAG_META, TAG_FORMATS, TAG_STRINGS, TAG_THREADS):
+                    _apply_chunk(state, tag, payload)
+        except (OSError, _Damage, ValueError, TypeError, struct.error, KeyError, IndexError):
+            self.done = True  # gone or damaged: what was read is what there is
+        self._offset = offset
+        return out
 
 
 # -- reader ---------------------------------------------------------------------------
@@ -767,17 +894,83 @@ def _is_stats(raw: Any) -> bool:
     return True
 
 
+class _Section:
+    """One process's part of the file: the string table and format ids its chunks use.
+
+    The first section (before any PROC chunk) is the recording process's own, whose format
+    ids are the file's; a later section's formats are mapped onto the file's by name (the
+    same format keeps its id; another one gets a free id), so readers see one id space."""
+
+    def __init__(self, pid: int | None, formats: FormatRegistry) -> None:
+        self.pid = pid
+        self.strings: list[str] = []
+        self.formats = formats  # this section's own ids
+        self.fids: dict[int, int] = {}  # own id -> the file's, where they differ
+
+
 class _State:
     """What one pass over the file has learned so far."""
 
     def __init__(self) -> None:
         self.meta: dict[str, Any] = {}
         self.formats = FormatRegistry()
-        self.strings: list[str] = []
         self.threads: dict[int, str] = {}
         self.stats: dict[int, dict[str, Any]] = {}
         self.events = 0
         self.complete = False
+        self.section = _Section(None, self.formats)
+        #: pid -> what the file says of that process (PROC info, "meta" of its META chunks)
+        self.processes: dict[int, dict[str, Any]] = {}
+        self.thread_pids: dict[int, int] = {}  # tid -> pid
+
+    @property
+    def strings(self) -> list[str]:
+        return self.section.strings
+
+    def begin_process(self, info: dict[str, Any]) -> None:
+        pid = info.get("pid")
+        if not isinstance(pid, int) or isinstance(pid, bool):
+            raise _Damage(f"PROC without a pid: {info!r}")
+        self.main_process()
+        self.section = _Section(pid, FormatRegistry())
+        entry = self.processes.setdefault(pid, {"meta": {}})
+        entry.update(info)
+
+    def main_process(self) -> None:
+        """Name the recording process (its pid is in META) once it is known."""
+        pid = self.meta.get("pid")
+        if self.section.pid is None and isinstance(pid, int) and not isinstance(pid, bool):
+            self.section.pid = pid
+            entry = self.processes.setdefault(pid, {"meta": self.meta})
+            entry.update(pid=pid, ppid=self.meta.get("ppid"), argv=self.meta.get("argv"),
+                         how="main", complete=True)
+            for tid, owner in list(self.thread_pids.items()):
+                if owner is None:
+                    self.thread_pids[tid] = pid
+
+    def add_format(self, fmt: EventFormat) -> None:
+        section = self.section
+        if section.formats is self.formats:
+            self.formats.add(fmt)
+            return
+        section.formats.add(fmt)
+        known = self.formats.get(fmt.id)
+        if known is not None and known.name == fmt.name and known.fields == fmt.fields:
+            return
+        same = next((f for f in self.formats if f.name == fmt.name), None)
+        if same is not None and same.fields == fmt.fields:
+            section.fids[fmt.id] = same.id
+            return
+        name = fmt.name if same is None else f"{fmt.name}@{section.pid}"
+        fid = fmt.id if known is None else max((f.id for f in self.formats), default=-1) + 1
+        self.formats.add(EventFormat(fid, name, fmt.fields))
+        if fid != fmt.id:
+            section.fids[fmt.id] = fid
+
+    def add_threads(self, threads: dict[int, str]) -> None:
+        self.threads.update(threads)
+        for tid in threads:
+            self.thread_pids[tid] = self.section.pid
 
 
 def events_in_file(path: str | os.PathLike) -> int:
@@ -825,7 +1018,7 @@ class TraceReader:
         magic, major, minor, crc = _HEADER.unpack(head)
         if zlib.crc32(head[:16]) != crc:
             self._fail_open("corrupt file header (CRC mismatch)")
-        if major != VERSION_MAJOR:
+        if major not in READ_MAJORS:
             self._fail_open(f"unsupported format version {major}.{minor}")
         self.version = (major, minor)
         self._done: _State | None = None
@@ -874,6 +1067,17 @@ class TraceReader:
         """Events in the file (before any damage), counted by a quick pass."""
         return self._complete().events
 
+    def processes(self) -> dict[int, dict[str, Any]]:
+        """Every process of the trace by pid: the recording process first, then the ones whose
+        sections were appended (PROC chunks), with ``ppid``, ``how`` (main, fork, spawn,
+        exec), ``argv``, ``complete`` (its recording had its end), ``note`` and ``meta``."""
+        return self._complete().processes
+
+    @property
+    def thread_pids(self) -> dict[int, int]:
+        """Which process each thread belongs to (tid -> pid)."""
+        return self._complete().thread_pids
+
     def _complete(self) -> _State:
         if self._done is None:
             self.scan()
@@ -919,16 +1123,18 @@ class TraceReader:
         state = _State()
         streams: dict[int, list[int | Lost]] = {}  # tid -> chunk offsets and Lost, file order
         chunk_tids: dict[int, set[int]] = {}  # chunk offset -> its threads
+        chunk_sections: dict[int, _Section] = {}  # chunk offset -> the process it is of
         damage: TraceFileError | None = None
         try:
             for offset, tag, payload in self._chunks():
                 if tag == TAG_EVENTS:
                     try:
-                        n, tids = _batch_threads(state, payload)
+                        n, tids = _batch_threads(state.section, payload)
                     except (_Damage, ValueError, struct.error, IndexError) as exc:
                         raise self._bad_chunk(offset, TAG_EVENTS, exc) from None
                     state.events += n
                     chunk_tids[offset] = tids
+                    chunk_sections[offset] = state.section
                     for tid in tids:
                         streams.setdefault(tid, []).append(offset)
                 elif tag == TAG_LOST:
@@ -945,7 +1151,7 @@ class TraceReader:
             if by_tid is None:
                 payload = self._payload_at(offset)
                 try:
-                    events = _decode_batch(state, payload)
+                    events = _decode_batch(chunk_sections.pop(offset), payload)
                 except (_Damage, ValueError, struct.error, IndexError, KeyError) as exc:
                     raise self._bad_chunk(offset, TAG_EVENTS, exc) from None
                 tids = chunk_tids.pop(offset)
@@ -1007,8 +1213,8 @@ class TraceReader:
             raise exc
         warnings.warn(str(exc), TraceFileWarning, stacklevel=3)
 
-    def _error(self, offset: int, reason: str) -> TraceFileError:
-        return TraceFileError(self.path, offset, reason)
+    def _error(self, offset: int, reason: str, truncated: bool = False) -> TraceFileError:
+        return TraceFileError(self.path, offset, reason, truncated)
 
     def _bad_chunk(self, offset: int, tag: bytes, exc: Exception) -> TraceFileError:
         return self._error(offset, f"bad {_tag_name(tag)} chunk: {exc}")
@@ -1020,11 +1226,11 @@ class TraceReader:
         size = self._size
         while True:
             if offset == size:
-                raise self._error(offset, "file ends without an END chunk")
+                raise self._error(offset, "file ends without an END chunk", truncated=True)
             f.seek(offset)  # passes may interleave on the one file object
             head = f.read(_CHUNK_HEAD.size)
             if len(head) < _CHUNK_HEAD.size:
-                raise self._error(offset, "truncated chunk header")
+                raise self._error(offset, "truncated chunk header", truncated=True)
             tag, length = _CHUNK_HEAD.unpack(head)
             end = offset + _CHUNK_HEAD.size + length + _CRC.size
             if length > MAX_CHUNK_PAYLOAD or end > size:
@@ -1032,6 +1238,7 @@ class TraceReader:
                     offset,
                     f"truncated or corrupt chunk {_tag_name(tag)}"
                     f" (needs {end - offset} bytes, the file has {size - offset} left)",
+                    truncated=length <= MAX_CHUNK_PAYLOAD,  # a chunk cut short by the end
                 )
             body = f.read(length + _CRC.size)
             if len(body) < length + _CRC.size:
@@ -1049,33 +1256,7 @@ class TraceReader:
     def _apply(self, state: _State, offset: int, tag: bytes, payload: memoryview) -> None:
         """Take in a definition chunk (anything but events and Lost markers)."""
         try:
-            if tag == TAG_META:
-                meta = json.loads(bytes(payload).decode("utf-8", "surrogatepass"))
-                if not isinstance(meta, dict):
-                    raise _Damage(f"META is {_json_kind(meta)}, expected an object")
-                _check_meta(meta)
-                state.meta.update(meta)
-            elif tag == TAG_FORMATS:
-                for fmt in _decode_formats(payload):
-                    state.formats.add(fmt)
-            elif tag == TAG_STRINGS:
-                first, strings = _decode_strings(payload)
-                if first != len(state.strings):
-                    raise _Damage(f"string table resumes at {first}, expected {len(state.strings)}")
-                state.strings += strings
-            elif tag == TAG_THREADS:
-                state.threads.update(_decode_threads(payload))
-            elif tag == TAG_STATS:
-                raw = json.loads(bytes(payload).decode("utf-8"))
-                if not _is_stats(raw):
-                    raise _Damage("STAT is not an object of per-thread objects of integers")
-                state.stats.update({int(tid): dict(counts) for tid, counts in raw.items()})
-            elif tag == TAG_END:
-                (total,) = _END.unpack(payload)
-                if total != state.events:
-                    raise _Damage(f"END chunk counts {total} events, the file holds {state.events}")
-                state.complete = True
-            # other tags: chunks added by later minor versions, skipped
+            _apply_chunk(state, tag, payload)
         except (_Damage, ValueError, TypeError, AttributeError, struct.error, IndexError) as exc:
             raise self._bad_chunk(offset, tag, exc) from None
 
@@ -1088,7 +1269,7 @@ class TraceReader:
 
     def _decode_events(self, state: _State, offset: int, payload: memoryview) -> Iterator[Event]:
         try:
-            events = _decode_batch(state, payload)
+            events = _decode_batch(state.section, payload)
         except (_Damage, ValueError, struct.error, IndexError, KeyError) as exc:
             raise self._bad_chunk(offset, TAG_EVENTS, exc) from None
         state.events += len(events)
@@ -1108,6 +1289,48 @@ class TraceReader:
 
 
 # -- chunk decoders ---------------------------------------------------------------------
+
+
+def _apply_chunk(state: _State, tag: bytes, payload: memoryview) -> None:
+    """Take in a definition chunk (anything but events and Lost markers); other tags are
+    chunks added by later minor versions, skipped. Raises on a chunk that breaks a rule."""
+    if tag == TAG_META:
+        meta = json.loads(bytes(payload).decode("utf-8", "surrogatepass"))
+        if not isinstance(meta, dict):
+            raise _Damage(f"META is {_json_kind(meta)}, expected an object")
+        _check_meta(meta)
+        pid = state.section.pid
+        if pid is not None and pid in state.processes and state.processes[pid].get(
+                "how") != "main":
+            state.processes[pid]["meta"].update(meta)  # a process section's own
+        else:
+            state.meta.update(meta)
+            state.main_process()
+    elif tag == TAG_FORMATS:
+        for fmt in _decode_formats(payload):
+            state.add_format(fmt)
+    elif tag == TAG_STRINGS:
+        first, strings = _decode_strings(payload)
+        if first != len(state.strings):
+            raise _Damage(f"string table resumes at {first}, expected {len(state.strings)}")
+        state.strings.extend(strings)
+    elif tag == TAG_THREADS:
+        state.add_threads(_decode_threads(payload))
+    elif tag == TAG_STATS:
+        raw = json.loads(bytes(payload).decode("utf-8"))
+        if not _is_stats(raw):
+            raise _Damage("STAT is not an object of per-thread objects of integers")
+        state.stats.update({int(tid): dict(counts) for tid, counts in raw.items()})
+    elif tag == TAG_PROC:
+        info = json.loads(bytes(payload).decode("utf-8"))
+        if not isinstance(info, dict):
+            raise _Damage(f"PROC is {_json_kind(info)}, expected an object")
+        state.begin_process(info)
+    elif tag == TAG_END:
+        (total,) = _END.unpack(payload)
+        if total != state.events:
+            raise _Damage(f"END chunk counts {total} events, the file holds {state.events}")
+        state.complete = True
 
 
 class _Cursor:
@@ -1260,7 +1483,7 @@ def _batch_head(cur: _Cursor) -> tuple[int, list[tuple[int, int]]]:
     return n, table
 
 
-def _batch_threads(state: _State, payload: memoryview) -> tuple[int, set[int]]:
+def _batch_threads(section: _Section, payload: memoryview) -> tuple[int, set[int]]:
     """The number of events of a batch and the thread ids among them (only the thread-id
     columns are decoded)."""
     cur = _Cursor(payload)
@@ -1269,7 +1492,7 @@ def _batch_threads(state: _State, payload: memoryview) -> tuple[int, set[int]]:
         _skip_column(cur, "u64", n)
     tids: set[int] = set()
     for fid, count in table:
-        fmt = state.formats.get(fid)
+        fmt = section.formats.get(fid)
         if fmt is None:
             raise _Damage(f"events of undefined format {fid}")
         _skip_column(cur, "u64", count)  # common_ts
@@ -1360,15 +1583,20 @@ def _merge_by_time(streams: dict[int, list[int | Lost]],
             heapq.heappop(heap)
 
 
-def _decode_batch(state: _State, payload: memoryview) -> list[Event]:
+def _renumbered(rows: Iterable[tuple], fid: int) -> Iterator[tuple]:
+    return ((fid, *row[1:]) for row in rows)
+
+
+def _decode_batch(section: _Section, payload: memoryview) -> list[Event]:
+    """A batch's events, with the file's format ids (``section``: the process it is of)."""
     cur = _Cursor(payload)
     n, table = _batch_head(cur)
     k = len(table)
     order = cur.ints(n) if k > 1 else None
-    strings = state.strings
+    strings = section.strings
     rows = {}
     for fid, count in table:
-        fmt = state.formats.get(fid)
+        fmt = section.formats.get(fid)
         if fmt is None:
             raise _Damage(f"events of undefined format {fid}")
         columns = [cur.ints(count), cur.ints(count)]
@@ -1383,6 +1611,11 @@ def _decode_batch(state: _State, payload: memoryview) -> list[Event]:
                 columns.append(cur.ints(count))
         rows[fid] = zip(repeat(fid, count), *columns, strict=True)
     cur.end()
+    fids = section.fids
+    if fids and any(fid in fids for fid, _ in table):  # a section's ids that differ
+        for fid, _count in table:
+            if fid in fids:
+                rows[fid] = _renumbered(rows[fid], fids[fid])
     if order is None:
         return list(rows[table[0][0]])
     if len(rows) != k:

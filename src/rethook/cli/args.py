@@ -15,7 +15,7 @@ from typing import Any
 import click
 
 from rethook import limits
-from rethook.session import TraceSettings
+from rethook.runner.settings import TraceSettings
 from rethook.tracers import TRACERS
 
 #: Default ``-b`` of record and stream (KiB per thread): about 64k events.
@@ -185,12 +185,18 @@ _LIMIT_OPTIONS = [
 ]
 
 
+_FOLLOW_OPTION = click.option(
+    "--no-follow", "follow", is_flag=True, flag_value=False, default=True,
+    help="Do not trace the processes the program starts (by default forks, multiprocessing "
+         "workers and the Python programs it runs are traced too, into the same result).")
+
+
 def trace_options(graph: bool = True) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """The trace flags, in trace-cmd's order: record and stream take them all (``graph``),
     profile only the filters and -O."""
     chosen = ([_tracer_option(), *_FILTER_OPTIONS, *_GRAPH_OPTIONS, _EVENT_OPTION,
-               *_EVENT_FILTER_OPTIONS, _OPTION_OPTION, *_LIMIT_OPTIONS]
-              if graph else [*_FILTER_OPTIONS, _OPTION_OPTION])
+               *_EVENT_FILTER_OPTIONS, _OPTION_OPTION, *_LIMIT_OPTIONS, _FOLLOW_OPTION]
+              if graph else [*_FILTER_OPTIONS, _OPTION_OPTION, _FOLLOW_OPTION])
 
     def decorate(f: Callable[..., Any]) -> Callable[..., Any]:
         for deco in reversed(chosen):
@@ -219,4 +225,5 @@ def settings_from(params: dict[str, Any], tracer: str | None = None) -> TraceSet
         max_graph_depth=params.get("max_graph_depth"),
         tracing_thresh=params.get("tracing_thresh"),
         buffer_kb=params.get("buffer_kb"),
+        follow=params.get("follow", True),
     )

@@ -12,11 +12,13 @@ from __future__ import annotations
 import ast
 import importlib
 import importlib.util
+import os
 import sys
+from collections.abc import Callable
 
 from rethook.engine.filters import FilterError, FunctionFilter
 from rethook.engine.registry import FunctionInfo, default_registry
-from rethook.session import Program
+from rethook.runner.program import Program, ProgramError, find_spec_of, prepare_package
 from rethook.tracers import TRACERS
 from rethook.tracers.base import OPTION_DEFAULTS
 
@@ -74,41 +76,51 @@ def function_names(module: str | None, program: tuple[str, ...], glob: str) -> l
         raise ListError(f"-f {glob!r}: {e}") from None
     names = [info.name for info in chosen if _within(info, roots)]
     if not names:
-        raise ListError(f"-f {glob!r}: no function of {', '.join(roots)} matches")
+        raise ListError(f"-f {glob!r}: no function of "
+                        f"{', '.join(r.lstrip('=') for r in roots)} matches")
     return names
 
 
 def _within(info: FunctionInfo, roots: list[str]) -> bool:
+    """Whether a function is of one of the modules listed: a root ``=NAME`` is that module
+    alone, any other root its submodules too."""
     m = info.module
-    return any(m == r or m.startswith(r + ".") for r in roots)
+    return any(m == r[1:] if r[0] == "=" else (m == r or m.startswith(r + "."))
+               for r in roots)
 
 
 def _module_roots(name: str) -> list[str]:
-    """Register a module's functions without running it; returns the modules to list."""
+    """Register a module's functions without running it -- for a package, those of all its
+    modules, imported or not (as ``record -m`` knows them) -- and returns the modules to list.
+    Modules are found as ``python -m`` finds them: the current directory first."""
+    sys.path.insert(0, os.getcwd())
     if name in sys.modules:
         return [name]
     try:
-        spec = importlib.util.find_spec(name)
-    except Exception as e:  # noqa: BLE001 - a missing or failing parent package
-        raise ListError(f"-m {name!r}: {type(e).__name__}: {e}") from None
-    if spec is None:
-        raise ListError(f"-m {name!r}: no module named {name!r}")
+        spec = find_spec_of(name)
+    except ProgramError as e:
+        raise ListError(f"-m {name!r}: {e}") from None
     loader = spec.loader
     code = loader.get_code(name) if loader is not None and hasattr(loader, "get_code") else None
     if code is None or spec.origin is None:  # a namespace package, a builtin
         importlib.import_module(name)
         return [name]
-    default_registry().add_code(code, name)
+    registry = default_registry()
+    prepare_package(registry, name.split(".")[0])
+    if not registry.prepared(name):  # not found on disk as part of its package
+        registry.add_code(code, name)
     package = name if spec.submodule_search_locations is not None else spec.parent
-    return [name, *_import_top_level(spec.origin, package)]
+    return [name, *_import_top_level(spec.origin, package, skip=registry.covers)]
 
 
-def _import_top_level(path: str, package: str | None) -> list[str]:
+def _import_top_level(path: str, package: str | None,
+                      skip: Callable[[str], bool] = lambda name: False) -> list[str]:
     """Import what a source file's top-level statements import; returns the module names.
 
     Only statements at the top level (including inside ``if``/``try`` blocks there), since
     those are what the program certainly imports; one that fails to import is skipped with a
-    note on stderr. Relative imports are resolved against ``package``.
+    note on stderr. Relative imports are resolved against ``package``; names ``skip`` accepts
+    are left alone.
     """
     with open(path, "rb") as f:
         tree = ast.parse(f.read(), path)
@@ -139,6 +151,9 @@ def _import_top_level(path: str, package: str | None) -> list[str]:
                     todo.extend(child.body if isinstance(child, ast.ExceptHandler) else [child])
     found = []
     for name in dict.fromkeys(names):
+        if skip(name):
+            found.append("=" + name)  # known without importing it: a module of the package
+            continue
         if name in sys.modules:
             found.append(name)
             continue

@@ -11,6 +11,7 @@ missing script or module) exit with 2; a damaged trace file or a failed write ex
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import platform
 import signal
@@ -31,19 +32,11 @@ from rethook.cli.args import (
 from rethook.control.tracefs import Tracefs
 from rethook.engine import toolid
 from rethook.printable import printable
-from rethook.session import (
-    Outcome,
-    ProfileObserver,
-    Program,
-    ProgramError,
-    Recorder,
-    Session,
-    SettingError,
-    Streamer,
-    TraceSettings,
-    configure,
-    trace_meta,
-)
+from rethook.runner.follow import Follow
+from rethook.runner.observers import ProfileObserver, Recorder, Streamer, trace_meta
+from rethook.runner.program import Outcome, Program, ProgramError
+from rethook.runner.run import Session
+from rethook.runner.settings import SettingError, TraceSettings, configure, register_program
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -134,9 +127,7 @@ def _prepare(ctx: click.Context, program: Program, settings: TraceSettings,
         sys.exit(2)
     _load(ctx, program)
     fs = Tracefs()
-    assert program.code is not None
-    # Before the filters are written, so that -l names the script's functions (__main__.f).
-    fs.ctx.registry.add_code(program.code, "__main__")
+    register_program(fs, program)  # before the filters are written: -l names its functions
     try:
         filters = configure(fs, settings, program, tracer=tracer)
     except SettingError as e:
@@ -158,15 +149,6 @@ def _exit(outcome: Outcome) -> NoReturn:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
     sys.exit(outcome.exit_code)
-
-
-def _hook_warning(fs: Tracefs) -> None:
-    """Say so if another tool took the hook from under the run (Tracefs.check_hook)."""
-    fs.check_hook()
-    lost = fs.ctx.engine.lost
-    if lost is not None:
-        _stderr(f"rethook: warning: {lost}. Tracing stopped when rethook noticed; the trace "
-                "is kept, but calls from then on may be missing or incomplete")
 
 
 def _stderr(text: str) -> None:
@@ -209,23 +191,33 @@ def record(ctx: click.Context, output: str, module: str | None, program: tuple[s
 def _record(ctx: click.Context, prog: Program, settings: TraceSettings, output: str) -> Outcome:
     fs, filters = _prepare(ctx, prog, settings)
     try:
-        recorder = Recorder(output, trace_meta(fs, prog, filters, settings))
+        children = _follow("record", settings, filters, output)
+        sections = children.append_sections if children is not None else None
+        recorder = Recorder(output, trace_meta(fs, prog, filters, settings), sections)
     except OSError as e:
         fs.close()
         raise click.UsageError(f"-o {output!r}: cannot write: {e.strerror}", ctx) from None
     try:
-        outcome = Session(prog, fs).run([recorder])
+        outcome = Session(prog, fs, children).run([recorder])
     except SettingError as e:  # the recorder could not start: the program did not run
         fs.close()
         raise click.UsageError(str(e), ctx) from None
-    if outcome.in_child:
-        return outcome
-    _hook_warning(fs)
-    if recorder.error is not None:
-        _stderr(f"rethook: error writing {output}: {recorder.error}")
+    if not outcome.in_child and recorder.error is not None:
         outcome.exit_code = outcome.exit_code or 1
-    _stderr(recorder.summary())
     return outcome
+
+
+def _follow(mode: str, settings: TraceSettings, filters: list[str],
+            output: str | None = None) -> Follow | None:
+    """The run's child processes (None with --no-follow): they trace what this one does.
+    The default filter goes to them resolved (the parent program's own modules), with the
+    names multiprocessing gives the parent's __main__ in spawned children."""
+    if not settings.follow:
+        return None
+    chosen = list(filters) or list(settings.filters)
+    if not settings.filters:
+        chosen += [p for p in ("*:mod:__main__", "*:mod:__mp_main__") if p not in chosen]
+    return Follow.create(mode, dataclasses.replace(settings, filters=chosen), output)
 
 
 @cli.command(cls=ProgramCommand, context_settings=CONTEXT)
@@ -242,44 +234,35 @@ def stream(ctx: click.Context, module: str | None, program: tuple[str, ...],
     """
     prog = _program(ctx, module, program)
     settings = settings_from(params)
-    fs, _ = _prepare(ctx, prog, settings)
-    streamer = Streamer(sys.stdout)
-    outcome = Session(prog, fs).run([streamer])
-    if not outcome.in_child:
-        _hook_warning(fs)
-        totals = fs.ctx.buffer.totals()
-        _stderr(f"rethook: {totals.written - totals.lost:,} events ({totals.lost:,} lost) "
-                "streamed")
+    fs, filters = _prepare(ctx, prog, settings)
+    children = _follow("stream", settings, filters)
+    outcome = Session(prog, fs, children).run([Streamer(sys.stdout, children)])
     _exit(outcome)
 
 
 @cli.command(cls=ProgramCommand, context_settings=CONTEXT)
 @trace_options(graph=False)
+@click.option("--per-process", is_flag=True,
+              help="With child processes: one table per process instead of one merged table.")
 @module_option
 @program_argument
 @click.pass_context
 def profile(ctx: click.Context, module: str | None, program: tuple[str, ...],
-            **params: Any) -> None:
+            per_process: bool, **params: Any) -> None:
     """Run a program under the function profiler and print its table at the end.
 
     The table (to stdout, after the program's own output) has ftrace's columns: Function,
-    Hit, Time, Avg, s^2, all threads merged, longest time first. Time includes the calls a
-    function makes; -O nograph-time gives self time. -O nosleep-time leaves out the time
-    generators and coroutines spent suspended.
+    Hit, Time, Avg, s^2, all threads (and followed child processes) merged, longest time
+    first. Time includes the calls a function makes; -O nograph-time gives self time.
+    -O nosleep-time leaves out the time generators and coroutines spent suspended.
     """
     prog = _program(ctx, module, program)
     settings = settings_from(params, tracer="nop")
-    fs, _ = _prepare(ctx, prog, settings, tracer=False)
-    outcome = Session(prog, fs).run([ProfileObserver()])
-    if not outcome.in_child:
-        _hook_warning(fs)
-        try:
-            sys.stdout.flush()
-            out = sys.__stdout__ or sys.stdout
-            out.write(fs.profile_table())
-            out.flush()
-        except BrokenPipeError:
-            pass
+    fs, filters = _prepare(ctx, prog, settings, tracer=False)
+    children = _follow("profile", settings, filters)
+    observer = ProfileObserver(children)
+    observer.per_process = per_process
+    outcome = Session(prog, fs, children).run([observer])
     _exit(outcome)
 
 

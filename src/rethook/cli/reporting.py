@@ -20,7 +20,7 @@ import click
 from rethook.buffer.tracefile import TraceFileError, TraceFileWarning, TraceReader
 from rethook.output.text import FunctionRenderer, Threads, renderer_for
 from rethook.printable import printable, printable_lines
-from rethook.session import human_size
+from rethook.runner.observers import human_size
 from rethook.tracers.base import OPTION_DEFAULTS, OptionError, Options
 
 #: Lines gathered before one write to stdout.
@@ -31,6 +31,21 @@ EXPORT_SUFFIX = {"perfetto": ".perfetto-trace", "folded": ".folded"}
 
 def _error(text: str) -> None:
     click.echo(f"rethook: error: {text}", err=True)
+
+
+def _damage_status(damage: TraceFileError | None, path: str) -> int:
+    """Report damage met while reading: a file that merely stops early (the recording was
+    killed, or is still going on) is a warning and status 0, since everything in it was
+    read; other damage is an error, status 1."""
+    if damage is None:
+        return 0
+    if damage.truncated:
+        click.echo(f"rethook: warning: {path}: the recording has no end (its END chunk is "
+                   f"missing: killed, or still running?); shown up to byte offset "
+                   f"{damage.offset}, the last complete chunk", err=True)
+        return 0
+    _error(str(damage))
+    return 1
 
 
 def display_options(recorded: dict, overrides: Iterable[str]) -> dict[str, bool]:
@@ -91,10 +106,7 @@ def report_file(path: str, overrides: Iterable[str], out: IO[str] | None = None)
             except Exception as e:  # noqa: BLE001 - events well-formed but impossible
                 _error(str(unreadable(reader, e)))
                 return 1
-    if reader.damage is not None:
-        _error(str(reader.damage))
-        return 1
-    return 0
+    return _damage_status(reader.damage, path)
 
 
 def _render(reader: TraceReader, overrides: list[str], out: IO[str]) -> None:
@@ -103,7 +115,7 @@ def _render(reader: TraceReader, overrides: list[str], out: IO[str]) -> None:
     meta = reader.meta
     tracer = meta.get("tracer", "function_graph")
     opts = display_options(meta.get("options", {}), overrides)
-    renderer = renderer_for(tracer, formats, Threads(threads), opts,
+    renderer = renderer_for(tracer, formats, Threads(threads, reader.thread_pids), opts,
                             describe=_describer(meta.get("probe_events")))
     if isinstance(renderer, FunctionRenderer):
         entries = sum(s.get("entries", 0) + s.get("read", 0) for s in stats.values())
@@ -207,12 +219,10 @@ def export_file(path: str, fmt: str, output: str | None) -> int:
     if not to_stdout and readable:
         unit = "packets" if binary else "stacks"
         size = human_size(os.path.getsize(output))
-        upto = ", what comes before the damage" if damage is not None else ""
+        upto = ", what comes before the damage" if damage is not None and not damage.truncated \
+            else ""
         click.echo(f"rethook: {count:,} {unit} written to {output} ({size}){upto}", err=True)
-    if damage is not None:
-        _error(str(damage))
-        return 1
-    return 0
+    return _damage_status(damage, path)
 
 
 def hist_file(path: str, only: Iterable[str]) -> int:
@@ -222,6 +232,7 @@ def hist_file(path: str, only: Iterable[str]) -> int:
             warnings.simplefilter("ignore", TraceFileWarning)
             with TraceReader(path, strict=False) as reader:
                 meta = reader.all_meta
+                processes = reader.processes
                 damage = reader.damage
     except TraceFileError as e:
         _error(str(e))
@@ -229,7 +240,11 @@ def hist_file(path: str, only: Iterable[str]) -> int:
     except OSError as e:
         _error(f"{path}: {e.strerror or e}")
         return 1
-    hists: dict[str, str] = meta.get("histograms") or {}
+    hists: dict[str, str] = dict(meta.get("histograms") or {})
+    for pid, proc in processes.items():  # followed processes' histograms, by process
+        if proc.get("how") != "main":
+            for name, text in (proc.get("meta", {}).get("histograms") or {}).items():
+                hists[f"{name} (process {pid})"] = text
     wanted = list(only)
     unknown = [name for name in wanted if name not in hists]
     if unknown and damage is None:
@@ -244,7 +259,7 @@ def hist_file(path: str, only: Iterable[str]) -> int:
         if name in hists:  # from a file: its text escaped, line by line
             out.append(f"# {printable(name)}\n{printable_lines(hists[name])}")
     click.echo("\n".join(out), nl=False)
-    if damage is not None:  # the histograms are saved at the end: damage hides them
+    if damage is not None and not damage.truncated:  # histograms are saved at the end
         _error(str(damage))
         return 1
-    return 0
+    return _damage_status(damage, path)

@@ -24,14 +24,14 @@ from rethook import limits
 from rethook.buffer.ring import TracePipe
 from rethook.engine.core import notrace
 from rethook.engine.filters import FilterError, FunctionFilter
-from rethook.output.text import Threads, describer, render, renderer_for
+from rethook.output.text import Threads, describer, render, renderer_for, stat_table
 from rethook.probes.events import DynamicEvents, ProbeError, ProbeEvent
 from rethook.probes.evfilter import FilterSyntaxError
 from rethook.probes.fetch import ProbeSyntaxError
 from rethook.tracers import TRACERS
 from rethook.tracers.base import OptionError, TraceContext, Tracer
 from rethook.tracers.commands import Commands
-from rethook.tracers.profiler import FunctionProfiler, stat_table
+from rethook.tracers.profiler import FunctionProfiler
 
 
 class TracefsError(ValueError):

@@ -656,12 +656,14 @@ class _Resolver:
     def may_load_later(self, pattern: Pattern) -> bool:
         """Whether the pattern names a module that is not imported yet (never imports), or
         names functions of one whose body has not run yet (which may generate them)."""
+        registry = self.registry
         if pattern.module is not None:
-            loaded = set(sys.modules) | self.registry.modules()
+            loaded = set(sys.modules) | registry.modules()
             if _has_glob(pattern.module):
                 rx = compile_glob(pattern.module)
                 return not any(rx.fullmatch(m) for m in loaded)
-            return pattern.module not in loaded
+            # a package whose modules were all prepared (-m) says for sure what it holds
+            return pattern.module not in loaded and not registry.covers(pattern.module)
         parts = pattern.glob.split(".")
         if len(parts) < 2:
             return False
@@ -677,8 +679,10 @@ class _Resolver:
         # imported decides. find_spec on it imports nothing: its parent is already imported.
         for i in range(1, len(literal) + 1):
             name = ".".join(literal[:i])
-            if name in sys.modules:
+            if name in sys.modules or registry.prepared(name):
                 continue
+            if registry.covers(name):
+                return False  # not among the prepared modules of its package: no such module
             if i > 1 and not hasattr(sys.modules.get(".".join(literal[: i - 1])), "__path__"):
                 return False
             try:

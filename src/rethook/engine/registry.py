@@ -29,6 +29,10 @@ Discovery
   and is named from the running call (see "Generated code" below).
 * :meth:`Registry.add_code` for code the caller compiles itself (a script run by the CLI), and
   :meth:`Registry.refresh` as a safety net.
+* :meth:`Registry.prepare_module` for modules not imported yet, compiled from their files by
+  the caller (the modules of a package run with ``-m``), so that filters can name their
+  functions before the import. The import watcher hands that very code object to the loader
+  (its file unchanged), so the code that runs is the code that was named and hooked.
 
 Generated code
 --------------
@@ -49,6 +53,7 @@ Names (see docs/functions.md) are ``module.qualname`` and never change once hand
 from __future__ import annotations
 
 import gc
+import os
 import sys
 import threading
 import traceback
@@ -201,6 +206,10 @@ class Registry:
         # module of its name); weak, so code that never runs is not kept
         self._sites: dict[int, tuple[weakref.ref[CodeType], str]] = {}
         self._added_modules: set[str] = set()  # modules registered by add_code
+        # module name -> (code compiled ahead, its file, the file's stamp then)
+        self._prepared: dict[str, tuple[CodeType, str, tuple[int, int] | None]] = {}
+        self._prepared_roots: set[str] = set()  # packages whose every module is prepared
+        self._retired: list[CodeType] = []  # forgotten prepared code, kept alive (_forget)
 
     # --- lookups ------------------------------------------------------------------------------
     @property
@@ -312,6 +321,38 @@ class Registry:
         registered before it runs (:meth:`add_code`), or it is being imported. Generated
         functions (dataclass methods, exec'd code) of such a module exist only once it runs."""
         return module in self._added_modules or module in self._pending_namespaces
+    def prepare_module(self, name: str, code: CodeType, origin: str,
+                       root: str | None = None) -> list[FunctionInfo]:
+        """Register the code of module ``name``, not imported yet, compiled from the file
+        ``origin`` (its loader's ``get_filename``).
+
+        When the module is imported, the import watcher hands the loader this very code object
+        instead of compiling again, as long as ``origin`` has not changed since; otherwise the
+        prepared entries are forgotten and the code that runs takes their names. ``root`` names
+        a package whose modules are all being prepared: a dotted name under it that was not
+        prepared is known not to exist (:meth:`covers`).
+        """
+        with self._lock:
+            if root is not None:
+                self._prepared_roots.add(root)
+            self._prepared[name] = (code, origin, _file_stamp(origin))
+        return self.add_code(code, name)
+
+    def _prepared_code(self, name: str, filename: Any) -> CodeType | None:
+        """The prepared code of module ``name`` if it was compiled from ``filename`` as it is
+        now (the import watcher's question)."""
+        entry = self._prepared.get(name)
+        if entry is None or filename != entry[1] or _file_stamp(entry[1]) != entry[2]:
+            return None
+        return entry[0]
+
+    def prepared(self, name: str) -> bool:
+        """Whether module ``name`` was prepared and has not been imported since."""
+        return name in self._prepared
+
+    def covers(self, name: str) -> bool:
+        """Whether ``name`` lies in a package whose modules were all prepared."""
+        return any(name == r or name.startswith(r + ".") for r in self._prepared_roots)
 
     def refresh(self) -> list[FunctionInfo]:
         """Rescan the loaded modules; return (and report to subscribers) what was new."""
@@ -591,6 +632,22 @@ class Registry:
         self._generation += 1
         return new
 
+    def _forget(self, code: CodeType) -> None:
+        """Drop a code tree's entries and free their names (prepared code that never ran).
+        The code objects stay alive: users key their tables by ``id(code)``, which must not
+        be reused by new code while they may hold it. Caller holds the lock."""
+        self._retired.append(code)
+        stack = [code]
+        while stack:
+            c = stack.pop()
+            info = self._by_id.get(id(c))
+            if info is not None and info.code is c:
+                del self._by_id[id(c)]
+                self._taken.discard(info.name)
+            stack += [k for k in c.co_consts if type(k) is CodeType]
+        self._listed = None
+        self._generation += 1
+
     def _note_file(self, filename: str, module: str) -> None:
         if not _is_synthetic(filename):
             self._file_map.setdefault(filename, module)
@@ -629,6 +686,9 @@ class Registry:
         """A module body is about to run: register its code tree, tell the subscribers."""
         with self._lock:
             found = self._scan_pending_namespaces(include_initializing=False)
+            prepared = self._prepared.pop(module, None)
+            if prepared is not None and prepared[0] is not code:
+                self._forget(prepared[0])  # the file changed: the code that runs takes the names
             entries: dict[int, _Entry] = {}
             self._collect(code, module, None, entries, register_top=False)
             new = _listable(self._commit(entries))
@@ -673,6 +733,15 @@ class Registry:
             found.extend(_namespace_functions(mod, self._by_id, owners))
         self._pending_namespaces = keep
         return _listable(self._register_functions(found, owners)) if found else []
+
+
+def _file_stamp(path: str) -> tuple[int, int] | None:
+    """What says a file is unchanged: its modification time and size."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError, TypeError):
+        return None
+    return st.st_mtime_ns, st.st_size
 
 
 def _modules_signature() -> frozenset[tuple[str, int]]:
@@ -825,7 +894,19 @@ def _watch_loader(loader: Any) -> None:
         return
 
     def watched_get_code(fullname: str) -> Any:
-        code = get_code(fullname)
+        code = None
+        if _active:  # a module prepared ahead (Registry.prepare_module) runs the code named
+            get_filename = getattr(loader, "get_filename", None)
+            try:
+                filename = get_filename(fullname) if get_filename is not None else None
+            except ImportError:
+                filename = None
+            for reg in _active:
+                code = reg._prepared_code(fullname, filename)
+                if code is not None:
+                    break
+        if code is None:
+            code = get_code(fullname)
         if type(code) is CodeType:
             for reg in _active:
                 reg._on_module_exec(code, fullname)

@@ -6,7 +6,8 @@ Perfetto's public protos (``trace_packet.proto``, ``track_event.proto``,
 ``track_descriptor.proto``, ``debug_annotation.proto``, ``interned_data.proto``,
 ``clock_snapshot.proto``). What maps to what is described in docs/export.md; in short:
 
-* one process track, and one thread track per thread (tid and thread name);
+* one process track per process (the recording process and every followed child), and one
+  thread track per thread (tid and thread name) under its process;
 * function_graph calls are nested slices (SLICE_BEGIN/SLICE_END) named after the function,
   with the call's arguments, return value or exception and exit flags as debug annotations;
   a generator or coroutine suspension ends its slice and a resumption starts a new one
@@ -512,6 +513,15 @@ def _pid(meta: dict[str, Any], threads: dict[int, str]) -> int:
     return min(threads, default=1)
 
 
+def _argv(value: Any) -> list[str]:
+    return [str(a) for a in value] if isinstance(value, list) else []
+
+
+def _process_uuid(proc_pid: int, main_pid: int) -> int:
+    """The recording process keeps the one uuid; every other process gets its own."""
+    return _PROCESS_UUID if proc_pid == main_pid else _PROCESS_UUID + 1 + proc_pid
+
+
 def _first_timestamp(reader: TraceReader) -> int:
     for ev in reader.ordered_events():
         return ev[1]
@@ -530,28 +540,38 @@ def write_perfetto(reader: TraceReader, out: BinaryIO) -> int:
 
     # the clock first: trace_processor fixes the trace's clock domain on first use
     w.packet(_len(_P_CLOCK_SNAPSHOT, _clock_snapshot(meta, t0)))
-    argv = meta.get("argv")
-    argv = [str(a) for a in argv] if isinstance(argv, list) else []
-    pname = os.path.basename(argv[0]) if argv else f"rethook {meta.get('tracer', 'trace')}"
-    process = _PD_PID + _varint(pid) + _len(_PD_PROCESS_NAME, _text(pname))
-    process += b"".join(_len(_PD_CMDLINE, _text(a)) for a in argv)
-    w.packet(
-        _P_SEQUENCE_ID + _varint(_SEQUENCE_ID)
-        + _P_SEQUENCE_FLAGS + _varint(_SEQ_INCREMENTAL_STATE_CLEARED)
-        + _P_FIRST_ON_SEQUENCE + b"\x01" + _P_PREVIOUS_DROPPED + b"\x01"
-        + _len(_P_DEFAULTS, _D_TIMESTAMP_CLOCK_ID + _varint(_CLOCK_MONOTONIC))
-        + _len(_P_TRACK_DESCRIPTOR, _TD_UUID + _varint(_PROCESS_UUID)
-               + _len(_TD_PROCESS, process)))
+    # one process track per process (a trace of several processes: PROC sections)
+    procs: dict[int, list[str]] = {pid: _argv(meta.get("argv"))}
+    for other, info in reader.processes.items():
+        procs.setdefault(_int32_id(other), _argv(info.get("argv")))
+    thread_pids = {tid: _int32_id(p) for tid, p in reader.thread_pids.items() if p is not None}
+    first = True
+    for proc_pid, argv in procs.items():
+        pname = (os.path.basename(argv[0]) if argv and argv[0] != "-c" else
+                 f"rethook {meta.get('tracer', 'trace')}") if proc_pid == pid else \
+            (os.path.basename(argv[0]) if argv and argv[0] != "-c" else f"python {proc_pid}")
+        process = _PD_PID + _varint(proc_pid) + _len(_PD_PROCESS_NAME, _text(pname))
+        process += b"".join(_len(_PD_CMDLINE, _text(a)) for a in argv)
+        head = (_P_SEQUENCE_ID + _varint(_SEQUENCE_ID)
+                + _P_SEQUENCE_FLAGS + _varint(_SEQ_INCREMENTAL_STATE_CLEARED)
+                + _P_FIRST_ON_SEQUENCE + b"\x01" + _P_PREVIOUS_DROPPED + b"\x01"
+                + _len(_P_DEFAULTS, _D_TIMESTAMP_CLOCK_ID + _varint(_CLOCK_MONOTONIC))
+                ) if first else _P_SEQUENCE_ID + _varint(_SEQUENCE_ID)
+        first = False
+        w.packet(head + _len(_P_TRACK_DESCRIPTOR, _TD_UUID + _varint(_process_uuid(proc_pid, pid))
+                             + _len(_TD_PROCESS, process)))
 
     tracks: dict[int, int] = {}
 
     def track(tid: int) -> int:
         uuid = tracks[tid] = _THREAD_UUID_BASE + len(tracks)
-        thread = (_THD_PID + _varint(pid) + _THD_TID + _varint(_int32_id(tid))
+        owner = thread_pids.get(tid, pid)
+        thread = (_THD_PID + _varint(owner) + _THD_TID + _varint(_int32_id(tid))
                   + _len(_THD_THREAD_NAME, _text(names.get(tid, f"tid-{tid}"))))
         w.packet(_P_SEQUENCE_ID + _varint(_SEQUENCE_ID)
                  + _len(_P_TRACK_DESCRIPTOR, _TD_UUID + _varint(uuid)
-                        + _TD_PARENT_UUID + _varint(_PROCESS_UUID) + _len(_TD_THREAD, thread)))
+                        + _TD_PARENT_UUID + _varint(_process_uuid(owner, pid))
+                        + _len(_TD_THREAD, thread)))
         return uuid
 
     for tid in names:

@@ -7,7 +7,10 @@ to be a leaf (``func();``) and the stack of entries printed so far (to print ``}
 entry was not seen, ``} /* func */``).
 
 Where the kernel prints a CPU number, rethook prints the thread's index in order of first
-appearance, and where it prints a task's comm-pid, the thread's name and native id.
+appearance, and where it prints a task's comm-pid, the thread's name and native id. A trace of
+several processes shows where it goes from one to another as the kernel shows a context switch
+on a CPU (function_graph's ``=>`` block), and the function tracer's lines carry the process id
+as with the kernel's ``record-tgid`` option.
 """
 
 from __future__ import annotations
@@ -28,11 +31,18 @@ COMM_LEN = 16  # TASK_COMM_LEN
 
 
 class Threads:
-    """Thread ids to the short index shown in the CPU column, and to names."""
+    """Thread ids to the short index shown in the CPU column, to names, and to the process
+    they belong to (``pids``, when the trace has several processes)."""
 
-    def __init__(self, names: dict[int, str] | None = None) -> None:
+    def __init__(self, names: dict[int, str] | None = None,
+                 pids: dict[int, int] | None = None) -> None:
         self.names = dict(names or {})
+        self.pids = pids if pids is not None else {}
         self.index: dict[int, int] = {}
+
+    @property
+    def processes(self) -> int:
+        return len(set(self.pids.values()))
 
     def of(self, tid: int) -> int:
         i = self.index.get(tid)
@@ -51,17 +61,36 @@ def seconds(ts_ns: int) -> str:
     return f"{secs:5d}.{rem // 1000:06d}"
 
 
-def context(threads: Threads, tid: int, ts_ns: int) -> str:
-    """The ``comm-pid [cpu] timestamp:`` prefix of an event line (trace_print_context)."""
+def context(threads: Threads, tid: int, ts_ns: int, tgid: bool = False) -> str:
+    """The ``comm-pid [cpu] timestamp:`` prefix of an event line (trace_print_context), with
+    the process id (``(tgid)``) when ``tgid``."""
     comm = threads.name(tid)[:COMM_LEN]
-    return f"{comm:>16}-{tid:<7d} [{threads.of(tid):03d}] {seconds(ts_ns)}: "
+    proc = ""
+    if tgid:
+        pid = threads.pids.get(tid)
+        proc = f"({pid:>7d}) " if pid is not None else "(-------) "
+    return f"{comm:>16}-{tid:<7d} {proc}[{threads.of(tid):03d}] {seconds(ts_ns)}: "
 
 
-def function_header(tracer: str, entries: int, written: int, nthreads: int) -> str:
+def function_header(tracer: str, entries: int, written: int, nthreads: int,
+                    tgid: bool = False) -> str:
+    if tgid:
+        columns = ("#           TASK-PID     TGID     CPU#     TIMESTAMP  FUNCTION\n"
+                   "#              | |         |         |         |         |\n")
+    else:
+        columns = ("#           TASK-PID     CPU#     TIMESTAMP  FUNCTION\n"
+                   "#              | |         |         |         |\n")
     return (f"# tracer: {printable(tracer)}\n#\n"
             f"# entries-in-buffer/entries-written: {entries}/{written}   #P:{nthreads}\n#\n"
-            "#           TASK-PID     CPU#     TIMESTAMP  FUNCTION\n"
-            "#              | |         |         |         |\n")
+            + columns)
+
+
+def switch_lines(threads: Threads, prev_tid: int, tid: int) -> list[str]:
+    """The block function_graph prints where the trace goes from one process to another: the
+    kernel's context-switch lines (verif_pid), ``comm-pid => comm-pid``."""
+    rule = " ------------------------------------------"
+    return [rule, f" {threads.of(tid)}) {_proc(threads, prev_tid)} => {_proc(threads, tid)}",
+            rule, ""]
 
 
 def graph_header(opts: dict[str, bool], tracer: str = "function_graph") -> str:
@@ -128,6 +157,7 @@ class GraphRenderer(_Renderer):
         self.SUSPEND = ids.get("funcgraph_suspend")
         self.RESUME = ids.get("funcgraph_resume")
         self.cpu_width = 1
+        self._last_tid: int | None = None  # of the last event: a process switch shows
 
     def header(self) -> str:
         return graph_header(self.opts)
@@ -138,6 +168,13 @@ class GraphRenderer(_Renderer):
             yield f"CPU:{self.threads.of(ev.tid)} [LOST {ev.count} EVENTS]"
             return
         fid, tid = ev[0], ev[2]
+        last = self._last_tid
+        if last != tid:
+            pids = self.threads.pids
+            if last is not None and pids and pids.get(last) != pids.get(tid):
+                yield from self._flush_thread(last)
+                yield from switch_lines(self.threads, last, tid)
+            self._last_tid = tid
         pending = self.pending.pop(tid, None)
         if pending is not None:
             if (fid == self.EXIT and ev[3] == pending[3] and ev[4] == pending[4]):
@@ -309,14 +346,15 @@ class FunctionRenderer(_Renderer):
 
     def header(self, tracer: str = "function") -> str:
         entries, written = self.stats
-        return function_header(tracer, entries, written, max(1, len(self.threads.names)))
+        return function_header(tracer, entries, written, max(1, len(self.threads.names)),
+                               tgid=self.threads.processes > 1)
 
     def feed(self, ev: Any) -> Iterator[str]:
         if isinstance(ev, Lost):
             yield f"CPU:{self.threads.of(ev.tid)} [LOST {ev.count} EVENTS]"
             return
         fid, ts, tid = ev[0], ev[1], ev[2]
-        prefix = context(self.threads, tid, ts - self.t0)
+        prefix = context(self.threads, tid, ts - self.t0, self.threads.processes > 1)
         if fid == self.FUNC:
             func, parent, line = ev[COMMON_COUNT:]
             func, parent = printable(func), printable(parent)
@@ -384,3 +422,17 @@ def render(tracer: str, events: Iterable[Any], formats: FormatRegistry,
         for ev in events:
             yield from r.feed(ev)
     yield from r.flush()
+
+
+def stat_table(stats: list[Any], width: int = 30) -> str:
+    """``trace_stat/function*`` text: the kernel's layout, with a name column as wide as the
+    longest name (Python's dotted names would be useless cut at the kernel's 30)."""
+    names = [printable(s.name) for s in stats]  # the program's names: escaped
+    width = max(width, *map(len, names)) if stats else width
+    head = f"  {'Function':<{width}}  {'Hit':>10}    Time            Avg             s^2\n"
+    rule = f"  {'--------':<{width}}  {'---':>10}    ----            ---             ---\n"
+    lines = [head, rule]
+    for s, name in zip(stats, names, strict=True):
+        lines.append(f"  {name:<{width}}  {s.hit:>10}    {graph_duration(s.time_ns)}    "
+                     f"{graph_duration(int(s.avg_ns))}    {graph_duration(int(s.s2_ns / 1000))}\n")
+    return "".join(lines)

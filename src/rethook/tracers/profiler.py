@@ -170,19 +170,3 @@ class FunctionProfiler:
     def reset(self) -> None:
         """Writing ``function_profile_enabled`` again starts from zero, as in the kernel."""
         self.last = self.ops
-
-
-def stat_table(stats: list[FunctionStat], width: int = 30) -> str:
-    """``trace_stat/function*`` text: the kernel's layout, with a name column as wide as the
-    longest name (Python's dotted names would be useless cut at the kernel's 30)."""
-    from rethook.output.durations import graph_duration
-
-    names = [printable(s.name) for s in stats]  # the program's names: escaped
-    width = max(width, *map(len, names)) if stats else width
-    head = f"  {'Function':<{width}}  {'Hit':>10}    Time            Avg             s^2\n"
-    rule = f"  {'--------':<{width}}  {'---':>10}    ----            ---             ---\n"
-    lines = [head, rule]
-    for s, name in zip(stats, names, strict=True):
-        lines.append(f"  {name:<{width}}  {s.hit:>10}    {graph_duration(s.time_ns)}    "
-                     f"{graph_duration(int(s.avg_ns))}    {graph_duration(int(s.s2_ns / 1000))}\n")
-    return "".join(lines)

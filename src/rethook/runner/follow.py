@@ -1,0 +1,496 @@
+"""Following child processes: every process a traced program starts records with the same
+settings, and the run ends with one result (docs/cli.md, "Child processes").
+
+A run that follows has a directory of its own (:class:`Follow`): next to the output file
+(``trace.dat.procs/``) for ``record``, a temporary one for ``stream`` and ``profile``. Every
+process but the first writes its results there, as it runs:
+
+* a fork child (``os.fork``, multiprocessing's fork and forkserver workers,
+  ``ProcessPoolExecutor``) goes on with the parent's tracer and rings (emptied, see
+  rethook.buffer.ring), and its observers are replaced by a recorder of its own file,
+  ``PID.dat`` (``profile``: its table, ``PID.profile``, written when it ends);
+* a program started with ``subprocess``, ``os.posix_spawn``, ``os.exec*`` or ``os.system``
+  gets rethook's start-up directory first on ``PYTHONPATH`` and the run's directory in
+  ``RETHOOK_FOLLOW`` (only in the environment handed to the new program: the traced program's
+  own ``os.environ`` is untouched). A Python among them imports the start-up hook
+  (``runner/boot/sitecustomize.py``), which puts ``sys.path`` and ``os.environ`` back, and
+  calls :func:`boot`: tracing starts with the run's settings when the program's ``__main__``
+  starts, and is finished when the interpreter exits. A program that cannot be traced is
+  recorded in the run's ledger with the reason (not Python, a Python without rethook...).
+
+At the end the first process gathers the rest (:meth:`Follow.append_sections` copies each
+process file into the trace as a section; :meth:`Follow.profiles` merges the tables;
+``stream`` prints children's events while they run, :meth:`Follow.tails`) and names the
+children that were not traced. A process file is a complete trace file on its own: if the
+first process is killed, they stay readable in the run's directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import tempfile
+import threading
+import types
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from rethook.buffer.tracefile import TraceTail, TraceWriter, iter_chunks
+from rethook.runner.settings import TraceSettings
+
+#: What the start-up hook is told, in the environment of a program the run starts.
+ENV_RUN = "RETHOOK_FOLLOW"
+#: The program's own PYTHONPATH ("-": it had none), put back by the start-up hook.
+ENV_PYTHONPATH = "RETHOOK_FOLLOW_PYTHONPATH"
+#: The directory whose sitecustomize.py starts tracing in a new Python.
+BOOT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "boot")
+
+_SETTINGS = "settings.json"
+_LEDGER = "started"
+_PYTHON_NAME = re.compile(r"python[0-9.]*(d|m|u)*(\.exe)?$")
+
+
+class Follow:
+    """The directory of one run's processes, and what each process does with it."""
+
+    def __init__(self, rundir: str, mode: str, settings: TraceSettings, root: int,
+                 temporary: bool) -> None:
+        self.rundir = rundir
+        self.mode = mode  # record, stream or profile
+        self.settings = settings
+        self.root = root  # pid of the first process
+        self.temporary = temporary  # a directory of its own, removed at the end
+        self.merged: set[int] = set()  # pids whose files append_sections took in
+
+    @classmethod
+    def create(cls, mode: str, settings: TraceSettings, output: str | None = None) -> Follow:
+        """The first process's: a new run directory, next to ``output`` if given."""
+        if output is not None:
+            rundir = os.path.abspath(output) + ".procs"
+            if os.path.isdir(rundir):
+                for name in os.listdir(rundir):  # a previous run's leftovers
+                    os.unlink(os.path.join(rundir, name))
+            else:
+                os.mkdir(rundir)
+        else:
+            rundir = tempfile.mkdtemp(prefix="rethook-run-")
+        follow = cls(rundir, mode, settings, os.getpid(), output is None)
+        with open(os.path.join(rundir, _SETTINGS), "w", encoding="utf-8") as f:
+            json.dump({"mode": mode, "settings": json.loads(settings.to_json()),
+                       "root": follow.root, "temporary": follow.temporary}, f)
+        return follow
+
+    @classmethod
+    def load(cls, rundir: str) -> Follow:
+        with open(os.path.join(rundir, _SETTINGS), encoding="utf-8") as f:
+            data = json.load(f)
+        settings = TraceSettings.from_json(json.dumps(data["settings"]))
+        return cls(rundir, data["mode"], settings, data["root"], data["temporary"])
+
+    # --- the files of the run --------------------------------------------------------------
+    def process_file(self, suffix: str = ".dat") -> str:
+        """A new file for this process (``PID.dat``; ``PID.N.dat`` after an exec)."""
+        pid = os.getpid()
+        n = 0
+        while True:
+            name = f"{pid}{suffix}" if n == 0 else f"{pid}.{n}{suffix}"
+            path = os.path.join(self.rundir, name)
+            try:
+                os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+                return path
+            except FileExistsError:
+                n += 1
+
+    def note_started(self, pid: int, how: str, executable: str, argv: list[str]) -> None:
+        """Add a started program to the ledger (one short line: an atomic append)."""
+        line = json.dumps({"pid": pid, "parent": os.getpid(), "how": how,
+                           "executable": executable, "argv": argv[:8]}) + "\n"
+        try:
+            fd = os.open(os.path.join(self.rundir, _LEDGER),
+                         os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, line.encode("utf-8", "backslashreplace"))
+            finally:
+                os.close(fd)
+        except OSError:
+            pass  # the run's directory is gone (the first process finished): nothing to tell
+
+    def trace_files(self) -> list[tuple[str, dict[str, Any]]]:
+        """The children's trace files with their META, oldest first."""
+        out = []
+        for name in os.listdir(self.rundir):
+            if not name.endswith(".dat"):
+                continue
+            path = os.path.join(self.rundir, name)
+            meta = _first_meta(path)
+            out.append((path, meta))
+        out.sort(key=lambda pm: (pm[1].get("start_time", 0), pm[0]))
+        return out
+
+    # --- what the first process does at the end --------------------------------------------
+    def append_sections(self, writer: TraceWriter) -> list[str]:
+        """Copy every child's trace file into ``writer`` as a section; returns notes for the
+        summary. Files that were complete are removed."""
+        notes = []
+        for path, meta in self.trace_files():
+            pid = meta.get("pid")
+            if not isinstance(pid, int):
+                continue
+            info = {"pid": pid, "ppid": meta.get("ppid"), "how": meta.get("how", "?"),
+                    "argv": meta.get("argv", [])}
+            complete = any(tag == b"END " for tag, _ in iter_chunks(path))
+            if not complete:
+                if _exec_note(path):
+                    info["note"] = "replaced itself by exec"
+                elif _alive(pid):
+                    info["note"] = "still running when the trace was finished"
+                    notes.append(f"process {pid} was still running: its trace stops here "
+                                 f"(the rest goes on in {path})")
+                else:
+                    info["note"] = "ended without finishing its trace (killed?)"
+                    notes.append(f"process {pid} ended without finishing its trace: "
+                                 "its events up to then are kept")
+            writer.append_process(path, info)
+            self.merged.add(pid)
+            if complete or info.get("note") != "still running when the trace was finished":
+                _unlink(path)
+        return notes
+
+    def profiles(self) -> list[tuple[int, list[list[Any]]]]:
+        """The children's profile tables: ``(pid, [[name, hit, time_ns, time_sq], ...])``."""
+        out = []
+        for name in sorted(os.listdir(self.rundir)):
+            if name.endswith(".profile"):
+                try:
+                    with open(os.path.join(self.rundir, name), encoding="utf-8") as f:
+                        data = json.load(f)
+                    out.append((int(data["pid"]), data["rows"]))
+                except (OSError, ValueError, KeyError, TypeError):
+                    continue
+        return out
+
+    def untraced(self) -> list[str]:
+        """Lines naming the started programs that were not traced, with the reason."""
+        traced = set()
+        for name in os.listdir(self.rundir):
+            stem = name.split(".")[0]
+            if stem.isdigit() and (name.endswith(".dat") or name.endswith(".profile")):
+                traced.add(int(stem))
+        traced |= self.merged
+        lines = []
+        for entry in self._ledger():
+            pid = entry.get("pid")
+            if not isinstance(pid, int) or pid in traced:
+                continue
+            reason = _read(os.path.join(self.rundir, f"{pid}.untraced"))
+            exe = str(entry.get("executable") or "?")
+            if not reason:
+                reason = _why_untraced(exe, [str(a) for a in entry.get("argv") or []])
+            lines.append(f"process {pid} ({' '.join(entry.get('argv') or [exe])[:60]}) "
+                         f"not traced: {reason}")
+        return lines
+
+    def _ledger(self) -> list[dict[str, Any]]:
+        entries = []
+        text = _read(os.path.join(self.rundir, _LEDGER))
+        for line in text.splitlines():
+            try:
+                entries.append(json.loads(line))
+            except ValueError:
+                continue
+        return entries
+
+    def finish(self, keep: bool = False) -> None:
+        """Remove the run's directory, unless something in it is still useful."""
+        if keep:
+            return
+        try:
+            for name in os.listdir(self.rundir):
+                if name.endswith(".dat"):
+                    return  # a child still writing: its file stays readable
+            for name in os.listdir(self.rundir):
+                _unlink(os.path.join(self.rundir, name))
+            os.rmdir(self.rundir)
+        except OSError:
+            pass
+
+    # --- stream: children's events while they run ------------------------------------------
+    def tails(self, known: dict[str, TraceTail]) -> Iterator[tuple[int, TraceTail]]:
+        """Every child trace file as a :class:`TraceTail` (new ones added to ``known``)."""
+        try:
+            names = sorted(os.listdir(self.rundir))
+        except OSError:
+            return
+        for name in names:
+            if name.endswith(".dat"):
+                path = os.path.join(self.rundir, name)
+                if path not in known:
+                    known[path] = TraceTail(path)
+        for tail in known.values():
+            pid = tail.meta.get("pid")
+            yield (pid if isinstance(pid, int) else 0), tail
+
+    # --- starting programs -------------------------------------------------------------------
+    def environment(self, env: dict[str, str]) -> dict[str, str]:
+        """``env`` for a program this run starts: the start-up hook first on PYTHONPATH."""
+        env = dict(env)
+        saved = env.get("PYTHONPATH")
+        env[ENV_PYTHONPATH] = "-" if saved is None else saved
+        env["PYTHONPATH"] = BOOT_DIR if not saved else BOOT_DIR + os.pathsep + saved
+        env[ENV_RUN] = self.rundir
+        return env
+
+
+# --- wrapping the ways a program starts another ------------------------------------------------
+_current: Follow | None = None  # the run this process belongs to
+_before_exec: Callable[[list[str]], None] | None = None  # flushes this process's trace
+_originals: dict[tuple[Any, str], Any] = {}
+
+
+def install(follow: Follow, before_exec: Callable[[list[str]], None]) -> None:
+    """Wrap ``os.exec*``, ``os.posix_spawn*``, ``os.system``, subprocess's fork_exec and
+    runpy's code runner for this run (once per process)."""
+    global _current, _before_exec
+    _current = follow
+    _before_exec = before_exec
+    if _originals:
+        return
+    import _posixsubprocess
+    import runpy
+    import subprocess
+
+    _wrap(os, "execv", lambda real: lambda path, args: _execve(real, path, args, None))
+    _wrap(os, "execve", lambda real: lambda path, args, env: _execve(real, path, args, env))
+    for name in ("posix_spawn", "posix_spawnp"):
+        if hasattr(os, name):
+            _wrap(os, name, _spawn_wrapper)
+    _wrap(os, "system", _system_wrapper)
+    _wrap(_posixsubprocess, "fork_exec", _fork_exec_wrapper)
+    if hasattr(subprocess, "_fork_exec"):
+        _wrap(subprocess, "_fork_exec", _fork_exec_wrapper)
+    if hasattr(runpy, "_run_code"):
+        _wrap(runpy, "_run_code", _run_code_wrapper)
+
+
+def _wrap(owner: Any, name: str, make: Callable[[Any], Callable[..., Any]]) -> None:
+    real = getattr(owner, name)
+    wrapper = make(real)
+    try:
+        wrapper.__name__ = real.__name__
+        wrapper.__qualname__ = getattr(real, "__qualname__", real.__name__)
+        wrapper.__doc__ = real.__doc__
+        wrapper.__wrapped__ = real
+    except (AttributeError, TypeError):
+        pass
+    _originals[(owner, name)] = real
+    setattr(owner, name, wrapper)
+
+
+def _execve(real: Callable[..., Any], path: Any, args: Any, env: Any) -> Any:
+    from rethook.engine.core import notrace
+
+    follow = _current
+    if follow is None:
+        return real(path, args, *(() if env is None else (env,)))
+    with notrace():
+        argv = [os.fsdecode(a) for a in args]
+        follow.note_started(os.getpid(), "exec", os.fsdecode(path), argv)
+        if _before_exec is not None:
+            _before_exec(argv)
+        env = follow.environment(os.environ if env is None else env)
+    return _originals[(os, "execve")](path, args, env)
+
+
+def _spawn_wrapper(real: Callable[..., Any]) -> Callable[..., Any]:
+    def spawn(path: Any, argv: Any, env: Any, *args: Any, **kwargs: Any) -> int:
+        from rethook.engine.core import notrace
+
+        follow = _current
+        if follow is None:
+            return real(path, argv, env, *args, **kwargs)
+        with notrace():
+            env = follow.environment(os.environ if env is None else env)
+        pid = real(path, argv, env, *args, **kwargs)
+        with notrace():
+            follow.note_started(pid, "spawn", os.fsdecode(path), [os.fsdecode(a) for a in argv])
+        return pid
+
+    return spawn
+
+
+def _fork_exec_wrapper(real: Callable[..., Any]) -> Callable[..., Any]:
+    def fork_exec(args: Any, executable_list: Any, close_fds: Any, pass_fds: Any, cwd: Any,
+                  env_list: Any, *rest: Any) -> int:
+        from rethook.engine.core import notrace
+
+        follow = _current
+        if follow is None:
+            return real(args, executable_list, close_fds, pass_fds, cwd, env_list, *rest)
+        with notrace():
+            if env_list is None:
+                env = dict(os.environ)
+            else:
+                env = {}
+                for item in env_list:
+                    key, _, value = os.fsdecode(item).partition("=")
+                    env[key] = value
+            env_list = [os.fsencode(f"{k}={v}") for k, v in follow.environment(env).items()]
+        pid = real(args, executable_list, close_fds, pass_fds, cwd, env_list, *rest)
+        with notrace():
+            argv = [os.fsdecode(a) for a in args] if args else []
+            exe = os.fsdecode(executable_list[0]) if executable_list else (argv or ["?"])[0]
+            follow.note_started(pid, "spawn", exe, argv)
+        return pid
+
+    return fork_exec
+
+
+def _system_wrapper(real: Callable[..., Any]) -> Callable[..., Any]:
+    lock = threading.Lock()
+
+    def system(command: Any) -> int:
+        follow = _current
+        if follow is None:
+            return real(command)
+        # the C library's system() reads the process environment: lend it ours meanwhile
+        with lock:
+            added = {k: v for k, v in follow.environment(dict(os.environ)).items()
+                     if os.environ.get(k) != v}
+            for k, v in added.items():
+                os.putenv(k, v)
+            try:
+                return real(command)
+            finally:
+                for k in added:
+                    if k in os.environ:
+                        os.putenv(k, os.environ[k])
+                    else:
+                        os.unsetenv(k)
+
+    return system
+
+
+def _run_code_wrapper(real: Callable[..., Any]) -> Callable[..., Any]:
+    def _run_code(code: Any, run_globals: Any, *args: Any, **kwargs: Any) -> Any:
+        # runpy.run_path compiles a file itself (multiprocessing's spawn and forkserver
+        # children run the parent's __main__ as __mp_main__ that way): register the code
+        # before it runs, so filters naming its functions hook them
+        name = run_globals.get("__name__") if isinstance(run_globals, dict) else None
+        if type(code) is types.CodeType and isinstance(name, str) and name != "__main__":
+            from rethook.engine.registry import default_registry
+
+            default_registry().add_code(code, name)
+        return real(code, run_globals, *args, **kwargs)
+
+    return _run_code
+
+
+# --- a started Python program (the start-up hook) ----------------------------------------------
+def boot(rundir: str) -> None:
+    """Called by the start-up hook: trace this program, which Python is about to run, with
+    the run's settings, from its ``__main__`` on."""
+    try:
+        follow = Follow.load(rundir)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        _note_untraced(rundir, f"cannot read the run's settings ({e})")
+        return
+
+    def hook(frame: types.FrameType, event: str, arg: object) -> None:
+        if event != "call" or frame.f_code.co_name != "<module>" \
+                or frame.f_globals.get("__name__") != "__main__":
+            return
+        sys.setprofile(None)
+        try:
+            from rethook.runner.run import start_in_child
+
+            start_in_child(follow, frame.f_code)
+        except BaseException as e:  # noqa: BLE001 - the program runs on, untraced
+            _note_untraced(rundir, f"rethook failed to start ({type(e).__name__}: {e})")
+
+    sys.setprofile(hook)
+
+
+def _note_untraced(rundir: str, reason: str) -> None:
+    try:
+        with open(os.path.join(rundir, f"{os.getpid()}.untraced"), "w", encoding="utf-8") as f:
+            f.write(reason)
+    except OSError:
+        pass
+
+
+# --- small helpers -----------------------------------------------------------------------------
+def is_python(executable: str) -> bool:
+    """Whether a program looks like a Python interpreter (by name, or this one)."""
+    base = os.path.basename(executable)
+    if _PYTHON_NAME.match(base):
+        return True
+    try:
+        return os.path.realpath(executable) == os.path.realpath(sys.executable)
+    except (OSError, ValueError):
+        return False
+
+
+def _why_untraced(executable: str, argv: list[str]) -> str:
+    if not is_python(executable):
+        return "not a Python program"
+    flags = [a for a in argv[1:] if a.startswith("-") and not a.startswith("--")]
+    for flag in flags:
+        if "I" in flag[1:] or "E" in flag[1:]:
+            return "Python in isolated mode (-I or -E) ignores PYTHONPATH"
+        if "S" in flag[1:]:
+            return "Python without the site module (-S) runs no start-up hook"
+        if flag in ("-c", "-m"):
+            break
+    return ("a Python that did not start tracing (it may have ended before its program ran, "
+            "or its environment was replaced)")
+
+
+def _first_meta(path: str) -> dict[str, Any]:
+    """The META keys of a trace file's first chunks (before any events)."""
+    meta: dict[str, Any] = {}
+    for tag, raw in iter_chunks(path):
+        if tag == b"META":
+            try:
+                meta.update(json.loads(raw[8:-4].decode("utf-8", "surrogatepass")))
+            except ValueError:
+                pass
+        elif tag in (b"EVTS", b"END ", b"STAT", b"LOST"):
+            break
+    return meta
+
+
+def _exec_note(path: str) -> bool:
+    for tag, raw in iter_chunks(path):
+        if tag == b"META" and b'"exec_argv"' in raw:
+            return True
+    return False
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process still runs (a zombie, ended but not yet waited for, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except (OSError, IndexError):
+        try:
+            os.kill(pid, 0)
+        except OSError:
+            return False
+        return True
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass

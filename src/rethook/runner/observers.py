@@ -1,0 +1,633 @@
+"""Observers of a run, one per output mode, each with the background thread it needs.
+
+An observer is started right before the program and finished after it: :class:`Recorder`
+drains the ring buffer into a trace file from a background thread (``rethook record``: long
+runs lose nothing to a full buffer unless the program outruns the writer, and then the loss
+is counted and written), :class:`Streamer` prints events live (``rethook stream``), and
+:class:`ProfileObserver` turns the function profiler on for the run (``rethook profile``).
+"""
+
+from __future__ import annotations
+
+import _thread
+import datetime
+import errno
+import json
+import os
+import stat
+import sys
+import threading
+import time
+import types
+import warnings
+from collections.abc import Callable, Iterable
+from typing import IO, Any
+
+import rethook
+from rethook.buffer.tracefile import TraceWriter, events_in_file
+from rethook.control.tracefs import Tracefs
+from rethook.engine import clock
+from rethook.engine.core import notrace
+from rethook.output.text import Threads, renderer_for, switch_lines
+from rethook.runner.program import Program
+from rethook.runner.settings import SettingError, TraceSettings
+
+#: How long a drain thread waits for events before looking again (it wakes at once when a
+#: page of events completes).
+DRAIN_POLL_SECONDS = 0.1
+
+
+class Observer:
+    """Something that watches a run: started right before the program, finished after it."""
+
+    def start(self, fs: Tracefs) -> None:
+        """Called with tracing about to go on."""
+
+    def stop(self, fs: Tracefs) -> None:
+        """Called when the program is over, before tracing stops (open calls are still to be
+        delivered as unfinished)."""
+
+    def finish(self, fs: Tracefs) -> None:
+        """Called after the program ended and tracing stopped."""
+
+    def forget(self) -> None:
+        """In a fork child: let go of what the parent's observer holds, touching nothing the
+        parent still uses (its file is the parent's to write)."""
+
+    def report(self, fs: Tracefs, abrupt: bool) -> None:
+        """Say what the run gave (summary, table), last. ``abrupt``: the process is ending by
+        a signal, so the program's buffered output is not flushed (it would not be, untraced)
+        and rethook writes to the file descriptors directly."""
+
+
+class _Drain(Observer):
+    """A background thread that consumes the ring buffer (``trace_pipe``) in batches.
+
+    The thread is not a :class:`threading.Thread`: the program must not see it
+    (``threading.enumerate()``, ``active_count()``). It is stopped around the program's
+    ``os.fork()``: so the child inherits no lock it holds, and Python sees no other thread
+    and has no reason to warn that forking a multi-threaded process is unsafe.
+    """
+
+    def __init__(self) -> None:
+        self._done: Any = None  # a lock held while the thread runs: joining is acquiring it
+        self._stopping = False
+        self._running = False
+        self._pid = os.getpid()
+        self.error: BaseException | None = None
+        self.fs: Any = None  # set by start()
+
+    def start(self, fs: Tracefs) -> None:
+        self.fs = fs
+        self._pipe = fs.ctx.buffer.pipe()
+        self._spawn()
+        os.register_at_fork(before=self._before_fork, after_in_parent=self._after_fork_parent,
+                            after_in_child=self._after_fork_child)
+
+    def _spawn(self) -> None:
+        self._stopping = False
+        self._done = _thread.allocate_lock()
+        self._done.acquire()
+        self._running = True
+        _thread.start_new_thread(self._run, (self._done,))
+
+    def _join(self, until_gone: bool = False) -> None:
+        if self._running:
+            self._stopping = True
+            self._pipe.close()  # wakes a read that is waiting
+            self._done.acquire()
+            self._done.release()
+            self._running = False
+            if until_gone:
+                _wait_thread_gone(self._native_id)
+
+    def _run(self, done: Any) -> None:
+        self._native_id = threading.get_native_id()
+        try:
+            with notrace():
+                _unhush_fork_warning()
+            while not self._stopping:
+                # rethook's own work: the stdlib code it runs is not the program's (-l '*').
+                # Not one notrace() around the loop: a sweep waits for notrace sections.
+                with notrace():
+                    self._round(self._pipe, DRAIN_POLL_SECONDS)
+                    self.fs.check_hook()  # another tool took the hook: stop tracing now
+        except BaseException as e:  # noqa: BLE001 - reported by finish(), in the main thread
+            self.error = e
+        finally:
+            done.release()
+
+    # The at-fork hooks and stop() run in the program's threads, with tracing on: what they
+    # do is rethook's work, not the program's.
+    def _before_fork(self) -> None:
+        with notrace():
+            self._paused = os.getpid() == self._pid and self._running
+            if self._paused:
+                self._join(until_gone=True)
+                _hush_fork_warning()
+
+    def _after_fork_parent(self) -> None:
+        with notrace():
+            if self._paused and self.error is None:
+                self._pipe = self.fs.ctx.buffer.pipe()  # the old one is closed
+                self._spawn()
+
+    def _after_fork_child(self) -> None:
+        with notrace():
+            _unhush_fork_warning()
+
+    def stop(self, fs: Tracefs) -> None:
+        """The program is over: end the thread (finish() takes what is left)."""
+        with notrace():
+            self._join()
+
+    def _drain_rest(self) -> None:
+        """Consume what is left (tracing is off by now)."""
+        if self.error is not None or self.fs is None:
+            return
+        with notrace():
+            pipe = self.fs.ctx.buffer.pipe()
+            while self._round(pipe, 0):
+                pass
+
+    def _round(self, pipe: Any, timeout: float) -> bool:
+        """One consuming read (waiting up to ``timeout`` seconds for something), consumed;
+        False when nothing came."""
+        items = pipe.read(timeout)
+        if items:
+            self.consume(items)
+        return bool(items)
+
+    def consume(self, items: list) -> None:
+        raise NotImplementedError
+
+
+#: Python's warning on ``os.fork()`` in a process with several threads.
+_FORK_WARNING = r"This process \(pid=\d+\) is multi-threaded, use of fork\(\) may lead"
+_hushed: list[tuple] = []
+
+
+def _os_threads() -> int | None:
+    """How many threads the OS says this process has (Linux), as Python's fork warning
+    counts them; None where that cannot be read."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[17])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _hush_fork_warning() -> None:
+    """The program forks with only its one thread: Python 3.13+ would still warn, because it
+    counts threads after the at-fork hooks, which restart the drain thread. Hide that one
+    warning (the drain thread lifts the filter as soon as it runs)."""
+    if sys.version_info >= (3, 13) and _os_threads() == 1:
+        warnings.filterwarnings("ignore", message=_FORK_WARNING, category=DeprecationWarning)
+        _hushed.append(warnings.filters[0])
+
+
+def _unhush_fork_warning() -> None:
+    while _hushed:
+        entry = _hushed.pop()
+        try:
+            warnings.filters.remove(entry)
+        except ValueError:
+            continue  # the program reset the filters meanwhile
+        mutated = getattr(warnings, "_filters_mutated", None)
+        if mutated is not None:
+            mutated()  # as filterwarnings() does: cached decisions are stale
+
+
+def _wait_thread_gone(native_id: int, limit: float = 0.2) -> None:
+    """Wait (briefly) until a thread that has finished its function is gone from the OS too:
+    Python's fork warning counts the threads the OS still lists (on Linux)."""
+    task = f"/proc/self/task/{native_id}"
+    deadline = time.monotonic() + limit
+    while os.path.exists(task) and time.monotonic() < deadline:
+        time.sleep(0.0005)
+
+
+#: Whether recorders write a round that is one thread's native records straight from the
+#: ring (TraceWriter.write_native) rather than through event tuples. Private switch, for
+#: tests and measurements: RETHOOK_FUSED_DRAIN=0 turns it off (the files are the same).
+FUSED_DRAIN = os.environ.get("RETHOOK_FUSED_DRAIN", "1") != "0"
+
+
+class Recorder(_Drain):
+    """Writes the run's events to a trace file as they come (``rethook record``).
+
+    A drain round that holds nothing but one thread's native records -- a call storm under
+    the native function_graph user -- is written with :meth:`TraceWriter.write_native`:
+    the records go from the ring into the file's event chunks in C, without an event tuple
+    each, several times faster than the tuple path, and into the same bytes."""
+
+    def __init__(self, path: str, meta: dict[str, Any],
+                 sections: Callable[[TraceWriter], list[str]] | None = None,
+                 quiet: bool = False) -> None:
+        super().__init__()
+        self.path = path
+        self._abspath = os.path.abspath(path)  # the program may chdir
+        self.meta = dict(meta)
+        self.sections = sections  # appends the other processes' sections before the end
+        self.quiet = quiet  # a child's recorder: the first process gives the summary
+        self.notes: list[str] = []
+        # Unbuffered: a forked child of the program inherits no half-written buffer to flush.
+        self._file: IO[bytes] = open(path, "wb", buffering=0)  # noqa: SIM115 - closed in finish
+        self.writer: TraceWriter | None = None
+        self._named: dict[int, str] = {}
+        self.events = 0
+        self.lost = 0
+        self.size = 0
+
+    def start(self, fs: Tracefs) -> None:
+        self.meta.setdefault("start_time", time.time())
+        self.meta.setdefault("start_time_iso",
+                             datetime.datetime.now().astimezone().isoformat(timespec="seconds"))
+        try:
+            self.writer = TraceWriter(self._file, self.meta, formats=fs.ctx.formats)
+        except OSError as e:  # /dev/full, a full disk: nothing runs
+            self._discard()
+            raise SettingError("-o", self.path, f"cannot write: {e.strerror or e}") from None
+        if FUSED_DRAIN and getattr(getattr(fs.tracer, "ops", None), "native", None) is not None:
+            # native users will fill rings fast: the first drain rounds must not page in
+            # the encoder's memory while the program races them
+            try:
+                self.writer.prepare_native(fs.ctx.buffer.native_capacity)
+            except MemoryError:  # before the program starts: leave no half-made file
+                self._discard()
+                kb = fs.ctx.buffer.size_kb
+                raise SettingError("-b", str(kb), "not enough memory to drain a buffer of "
+                                   f"{kb} KiB per thread") from None
+        super().start(fs)
+
+    def _discard(self) -> None:
+        """Close the file and remove it, if it is one (not /dev/full, not a pipe)."""
+        self._file.close()
+        try:
+            if stat.S_ISREG(os.stat(self._abspath).st_mode):
+                os.unlink(self._abspath)
+        except OSError:
+            pass
+
+    def consume(self, items: list) -> None:
+        writer = self.writer
+        assert writer is not None
+        self._name_threads()
+        writer.write_events(items)
+
+    def _round(self, pipe: Any, timeout: float) -> bool:
+        if not FUSED_DRAIN:
+            return super()._round(pipe, timeout)
+        items = pipe.read_or_feed(timeout, self._feed)
+        if items:
+            self.consume(items)
+        return items is None or bool(items)
+
+    def _feed(self, ring: Any, tid: int, name_of: Callable[[types.CodeType], str]) -> None:
+        """Write a round that is one native ring's records (see TracePipe.read_or_feed)."""
+        writer = self.writer
+        assert writer is not None
+        self._name_threads()
+        writer.write_native(ring, tid, name_of)
+
+    def _name_threads(self) -> None:
+        assert self.writer is not None
+        for tid, name in self.fs.ctx.buffer.threads().items():
+            if self._named.get(tid) != name:
+                self._named[tid] = name
+                self.writer.set_thread_name(tid, name)
+
+    def finish(self, fs: Tracefs) -> None:
+        writer = self.writer
+        if writer is None:  # never started (the process ended while it was starting)
+            return
+        try:
+            self._drain_rest()
+            if self.error is None:
+                self._name_threads()
+                writer.write_stats(fs.ctx.buffer.stats())
+                writer.set_meta("end_time", time.time())
+                hists = {name: e.read_hist() for name, e in fs.dynamic.events.items()
+                         if e.read_hist()}
+                if hists:  # histograms live in the trace instance: keep them with the trace
+                    writer.set_meta("histograms", hists)
+                if self.sections is not None:
+                    self.notes = self.sections(writer)
+                writer.close()
+            self.size = os.fstat(self._file.fileno()).st_size  # the program may have chdir'd
+        finally:
+            self._file.close()
+        self.events = writer.events_written
+        totals = fs.ctx.buffer.totals()
+        self.lost = totals.lost
+        if self.error is not None:  # what counts is what a reader will find in the file
+            self.events = events_in_file(self._abspath)
+            self.lost = max(self.lost, totals.written - self.events)
+
+    def forget(self) -> None:
+        self.sections = None
+        self._file.close()  # this process's copy of the descriptor; nothing is written
+
+    def flush(self, fs: Tracefs, note: dict[str, Any] | None = None) -> None:
+        """Write everything recorded so far (the drain paused meanwhile), and ``note`` as
+        META: before this process is replaced by ``exec``."""
+        writer = self.writer
+        if writer is None or self.error is not None:
+            return
+        running = self._running
+        self._join()
+        try:
+            if note:
+                for key, value in note.items():
+                    writer.set_meta(key, value)
+            self._drain_rest()
+            writer.flush()
+        finally:
+            if running and self.error is None:
+                self._pipe = fs.ctx.buffer.pipe()
+                self._spawn()
+
+    def report(self, fs: Tracefs, abrupt: bool) -> None:
+        if self.quiet:
+            return
+        if self.error is not None:
+            emit(2, f"rethook: error writing {self.path}: {self.error}", abrupt)
+        emit(2, self.summary(), abrupt)
+
+    def summary(self) -> str:
+        """``rethook: 12,345 events (0 lost) written to trace.dat (123.4 KB)``, and a hint
+        that fits the cause when events were lost."""
+        line = (f"rethook: {self.events:,} events ({self.lost:,} lost) written to "
+                f"{self.path} ({human_size(self.size)})")
+        if self.error is not None:
+            line += f"\nrethook: the events after writing failed were not saved: {self._advice()}"
+        elif self.lost:
+            line += ("\nrethook: the program made events faster than they could be written;"
+                     " a larger per-thread buffer (-b KB) or a narrower filter (-l) keeps them")
+        for note in self.notes:
+            line += f"\nrethook: {note}"
+        return line
+
+    def _advice(self) -> str:
+        err = getattr(self.error, "errno", None)
+        if err in (errno.ENOSPC, errno.EDQUOT):
+            what = "the disk is full" if err == errno.ENOSPC else "the disk quota is used up"
+            return f"{what}; free space, or write the trace elsewhere (-o)"
+        if err == errno.EFBIG:
+            return ("the file reached the size limit (ulimit -f); raise it, or record fewer "
+                    "functions (-l)")
+        if err == errno.EIO:
+            return "the disk reported an I/O error; write the trace elsewhere (-o)"
+        return "write the trace elsewhere (-o)"
+
+
+class Streamer(_Drain):
+    """Prints events while the program runs, in the tracer's text format (``trace_pipe``).
+
+    Lines go straight to the output's file descriptor, one ``write`` per batch, never
+    through the program's ``sys.stdout``: flushing that from another thread would push out
+    the program's half-written lines and change how its output is buffered.
+    """
+
+    def __init__(self, out: IO[str] | None = None, children: Any = None) -> None:
+        super().__init__()
+        self.out = out
+        self._fd: int | None = None
+        self.lines = 0
+        self.children = children  # the run's Follow: its processes' files are followed too
+        self._tails: dict[str, Any] = {}
+        self._renderers: dict[int, Any] = {}  # id(tail) -> its renderer
+        self._last_tid: int | None = None  # whose line was printed last (process switches)
+
+    def start(self, fs: Tracefs) -> None:
+        out = self.out if self.out is not None else sys.stdout
+        try:
+            out.flush()  # what was printed before the program belongs before its events
+            self._fd = os.dup(out.fileno())  # ours, even if the program closes its stdout
+        except (OSError, ValueError, AttributeError):
+            self._fd = None  # no file descriptor (a StringIO...): write to the stream
+        self.out = out
+        self.threads = Threads(fs.ctx.buffer.threads(), {})
+        self.renderer = renderer_for(fs.tracer.name, fs.ctx.formats, self.threads,
+                                     fs.ctx.options.as_dict(), describe=fs.describe())
+        super().start(fs)
+
+    def consume(self, items: list) -> None:
+        self.threads.names.update(self.fs.ctx.buffer.threads())
+        self._emit_from(self.renderer, items, os.getpid())
+
+    def _emit_from(self, renderer: Any, items: list, pid: int) -> None:
+        """Print a batch of one process's events, after ftrace's context-switch block when
+        the last line printed was another process's."""
+        lines = [line for item in items for line in renderer.feed(item)]
+        if not lines:
+            return
+        first = next((item[2] for item in items if isinstance(item, tuple)), None)
+        last = self._last_tid
+        if first is not None:
+            self.threads.pids.setdefault(first, pid)
+            if last is not None and self.threads.pids.get(last) != pid:
+                lines = [*switch_lines(self.threads, last, first), *lines]
+            self._last_tid = next(item[2] for item in reversed(items) if isinstance(item, tuple))
+        self._emit(lines)
+
+    def _round(self, pipe: Any, timeout: float) -> bool:
+        got = super()._round(pipe, timeout)
+        if self.children is not None:
+            self._follow_children()
+        return got
+
+    def _follow_children(self) -> None:
+        for pid, tail in self.children.tails(self._tails):
+            items = tail.read()
+            if not items:
+                continue
+            renderer = self._renderers.get(id(tail))
+            if renderer is None:
+                renderer = self._renderers[id(tail)] = renderer_for(
+                    self.fs.tracer.name, tail.formats, self.threads,
+                    self.fs.ctx.options.as_dict(), describe=self.fs.describe())
+            self.threads.names.update(tail.threads)
+            for tid in tail.threads:
+                self.threads.pids[tid] = pid
+            self._emit_from(renderer, items, pid)
+
+    def _emit(self, lines: Iterable[str]) -> None:
+        text = "".join(line + "\n" for line in lines)
+        if not text:
+            return
+        self.lines += text.count("\n")
+        if self._fd is None:
+            assert self.out is not None
+            self.out.write(text)
+            self.out.flush()
+            return
+        data = text.encode(getattr(self.out, "encoding", None) or "utf-8", "backslashreplace")
+        while data:
+            data = data[os.write(self._fd, data):]
+
+    def finish(self, fs: Tracefs) -> None:
+        try:
+            self._drain_rest()
+            if self.children is not None:
+                with notrace():
+                    self._follow_children()
+            self._emit(self.renderer.flush())
+            for renderer in self._renderers.values():
+                self._emit(renderer.flush())
+        finally:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+
+    def forget(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # this process's copy
+            self._fd = None
+
+    def report(self, fs: Tracefs, abrupt: bool) -> None:
+        emit(2, _streamed(fs), abrupt)
+
+
+
+def _streamed(fs: Tracefs) -> str:
+    totals = fs.ctx.buffer.totals()
+    return f"rethook: {totals.written - totals.lost:,} events ({totals.lost:,} lost) streamed"
+
+
+class ProfileObserver(Observer):
+    """Turns the function profiler on for the run (``rethook profile``) and prints its table;
+    with ``children``, the followed processes' tables merged in. In a child process (``save``:
+    its ``PID.profile`` file) it saves its own table instead, and in a fork child only what
+    was counted since the fork (the parent's counts up to then are the parent's)."""
+
+    def __init__(self, children: Any = None, save: str | None = None,
+                 forked: bool = False) -> None:
+        self.children = children
+        self.save = save
+        self.forked = forked
+        self._baseline: dict[str, tuple[int, int, int]] = {}
+        self.per_process = False
+
+    def start(self, fs: Tracefs) -> None:
+        if self.forked:
+            self._baseline = {s.name: (s.hit, s.time_ns, s.time_sq) for s in _stats(fs)}
+            return
+        fs.write("function_profile_enabled", "1")
+
+    def finish(self, fs: Tracefs) -> None:
+        fs.write("function_profile_enabled", "0")
+        if self.save is None:
+            return
+        rows = []
+        for s in _stats(fs):
+            hit, time_ns, time_sq = self._baseline.get(s.name, (0, 0, 0))
+            if s.hit - hit:
+                rows.append([s.name, s.hit - hit, s.time_ns - time_ns, s.time_sq - time_sq])
+        with open(self.save, "w", encoding="utf-8") as f:
+            json.dump({"pid": os.getpid(), "argv": sys.argv, "rows": rows}, f)
+
+    def report(self, fs: Tracefs, abrupt: bool) -> None:
+        if self.save is not None:
+            return
+        from rethook.output.text import stat_table
+        from rethook.tracers.profiler import FunctionStat
+
+        tables = [(os.getpid(), _stats(fs))]
+        if self.children is not None:
+            for pid, rows in self.children.profiles():
+                tables.append((pid, [FunctionStat(*row) for row in rows]))
+        if self.per_process and len(tables) > 1:
+            text = "".join(f"# process {pid}\n{stat_table(_sorted(stats))}\n"
+                           for pid, stats in tables)
+        else:
+            merged: dict[str, list[int]] = {}
+            for _pid, stats in tables:
+                for st in stats:
+                    row = merged.setdefault(st.name, [0, 0, 0])
+                    row[0] += st.hit
+                    row[1] += st.time_ns
+                    row[2] += st.time_sq
+            text = stat_table(_sorted([FunctionStat(n, *r) for n, r in merged.items()]))
+        emit(1, text, abrupt, end="")
+
+
+def _stats(fs: Tracefs) -> list[Any]:
+    ops = fs.profiler.last
+    return ops.stats(fs.ctx.name) if ops is not None else []
+
+
+def _sorted(stats: list[Any]) -> list[Any]:
+    return sorted(stats, key=lambda s: (-s.time_ns, -s.hit, s.name))
+
+
+def emit(fd: int, text: str, abrupt: bool, end: str = "\n") -> None:
+    """Write rethook's own output (summary to 2, tables to 1). Normally through the Python
+    streams, after the program's buffered output; ``abrupt`` (a signal ends the process):
+    straight to the file descriptor, leaving the program's buffered output as unwritten as
+    it would be untraced."""
+    text += end
+    if not abrupt:
+        stream = sys.__stdout__ if fd == 1 else sys.__stderr__
+        try:
+            if fd == 1:
+                sys.stdout.flush()
+            stream = stream or (sys.stdout if fd == 1 else sys.stderr)
+            stream.write(text)
+            stream.flush()
+            return
+        except BrokenPipeError:
+            return
+        except Exception:  # noqa: BLE001 - a closed stream: try the descriptor
+            pass
+    data = text.encode("utf-8", "backslashreplace")
+    try:
+        while data:
+            data = data[os.write(fd, data):]
+    except OSError:
+        pass
+
+
+def human_size(n: int) -> str:
+    if n < 1024:
+        return f"{n} B"
+    for unit in ("KB", "MB", "GB"):
+        n /= 1024  # type: ignore[assignment]
+        if n < 1024 or unit == "GB":
+            return f"{n:.1f} {unit}"
+    raise AssertionError("unreachable")
+
+
+def trace_meta(fs: Tracefs, program: Program, filters: list[str],
+               settings: TraceSettings) -> dict[str, Any]:
+    """The META keys a recorded trace starts with."""
+    meta = {
+        "argv": program.argv,
+        "command": program.command_line,
+        "rethook_command": ["rethook", *sys.argv[1:]],
+        "filter": filters,
+        "notrace": list(settings.notrace),
+        "graph_function": list(settings.graph_functions),
+        "graph_notrace": list(settings.graph_notrace),
+    }
+    meta.update(process_meta(fs))
+    return meta
+
+
+def process_meta(fs: Tracefs) -> dict[str, Any]:
+    """The META keys of any process's trace: how it traces, with what, where."""
+    return {
+        "tracer": fs.tracer.name,
+        "options": fs.ctx.options.as_dict(),
+        "probe_events": dict(fs.dynamic.printed),
+        "max_graph_depth": fs.ctx.max_graph_depth,
+        "tracing_thresh_us": fs.ctx.tracing_thresh_ns // 1000,
+        "buffer_size_kb": fs.ctx.buffer.size_kb,
+        "python": sys.version.split()[0],
+        "python_implementation": sys.implementation.name,
+        "engine": fs.ctx.engine.core.name,
+        "rethook_version": rethook.__version__,
+        "pid": os.getpid(),
+        "clock": "monotonic_ns",
+        "clock_source": clock.source,
+    }

@@ -1,0 +1,124 @@
+"""The runner owns the traced program's whole life (end to end, rethook in a subprocess):
+``-m`` packages, child processes followed into one trace, and no way of ending that loses what
+was recorded. Programs live in tests/runner_programs; each traced run is compared with the
+untraced one (stdout, stderr but rethook's lines, exit status)."""
+
+from __future__ import annotations
+
+import collections
+import re
+import resource
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from tests.test_cli import _env
+
+from rethook.buffer.tracefile import TraceReader
+
+PROGRAMS = Path(__file__).parent / "runner_programs"
+
+
+def run(*args: str, cwd: Path = PROGRAMS) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, *args], cwd=cwd, env=_env(), capture_output=True,
+                          text=True, timeout=300)
+
+
+def own_stderr(stderr: str) -> str:
+    return "".join(line for line in stderr.splitlines(keepends=True)
+                   if not line.startswith("rethook: "))
+
+
+def calls(path: Path, name: str) -> collections.Counter[int]:
+    """Returns of function ``name`` per process, in a trace file."""
+    with TraceReader(path) as reader:
+        exit_id = reader.formats.by_name("funcgraph_exit").id
+        pids = reader.thread_pids
+        return collections.Counter(pids.get(ev[2]) for ev in reader.events()
+                                   if ev[0] == exit_id and ev[4] == name)
+
+
+def test_module_package_with_empty_init(tmp_path: Path) -> None:
+    plain = run("-m", "emptypkg")
+    out = tmp_path / "t.dat"
+    for flt in ("emptypkg.*", "*:mod:emptypkg"):
+        r = run("-m", "rethook", "record", "-o", str(out), "-l", flt, "-m", "emptypkg")
+        assert (r.returncode, r.stdout, own_stderr(r.stderr)) == (
+            plain.returncode, plain.stdout, plain.stderr)
+        assert sum(calls(out, "emptypkg.work.step").values()) == 5
+    r = run("-m", "rethook", "record", "-o", str(out), "-l", "emptypkg.nope*", "-m", "emptypkg")
+    assert r.returncode == 2 and "no function matches 'emptypkg.nope*'" in r.stderr
+    assert "^" in r.stderr
+    listed = run("-m", "rethook", "list", "-f", "-m", "emptypkg")
+    assert listed.stdout.split() == ["emptypkg.work.step", "emptypkg.work.total",
+                                     "emptypkg.work.total.<locals>.<genexpr>@6"]
+
+
+def test_children_followed_into_one_trace(tmp_path: Path) -> None:
+    plain = run("procs.py")
+    out = tmp_path / "t.dat"
+    r = run("-m", "rethook", "record", "-o", str(out), "-l", "work", "-l", "leaf", "procs.py")
+    pids = re.compile(r"leaf \d+ ")
+    assert (r.returncode, pids.sub("", r.stdout), own_stderr(r.stderr)) == (
+        plain.returncode, pids.sub("", plain.stdout), plain.stderr), r.stderr
+    assert "not traced" not in r.stderr
+    work = calls(out, "__main__.work") + calls(out, "__mp_main__.work")
+    assert sum(work.values()) == int(re.search(r"work (\d+)", r.stdout).group(1))
+    assert len(work) >= 4  # fork, spawn and forkserver workers and the executor's
+    leaves = {int(pid): int(n) for pid, n in re.findall(r"leaf (\d+) (\d+)", r.stdout)}
+    assert len(leaves) == 3 and dict(calls(out, "__main__.leaf")) == leaves
+    report = run("-m", "rethook", "report", "-i", str(out))
+    assert report.returncode == 0 and " => " in report.stdout  # process switches shown
+
+
+def _until_ready(proc: subprocess.Popen) -> None:
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == "ready\n"
+
+
+def _start(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, *args], cwd=PROGRAMS, env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, 0)))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT])
+def test_fatal_signal_finishes_the_trace(tmp_path: Path, sig: signal.Signals) -> None:
+    out = tmp_path / "t.dat"
+    ends = []
+    for cmd in (["ending.py"], ["-m", "rethook", "record", "-o", str(out), "ending.py"]):
+        proc = _start(*cmd)
+        _until_ready(proc)
+        proc.send_signal(sig)
+        stdout, stderr = proc.communicate(timeout=120)
+        ends.append((proc.returncode, stdout, own_stderr(stderr)))
+    assert ends[0] == ends[1] and ends[0][0] == -sig
+    with TraceReader(out) as reader:  # complete: the END chunk is there
+        assert reader.all_meta["end_time"] and reader.damage is None
+    assert sum(calls(out, "__main__.spin").values()) >= 100
+    report = run("-m", "rethook", "report", "-i", str(out))
+    assert report.returncode == 0 and "__main__.main unfinished" in report.stdout
+
+
+def test_os_exit_and_sigkill(tmp_path: Path) -> None:
+    plain = run("ending.py", "exit")
+    out = tmp_path / "t.dat"
+    r = run("-m", "rethook", "record", "-o", str(out), "ending.py", "exit")
+    assert (r.returncode, r.stdout, own_stderr(r.stderr)) == (3, "ready\n", plain.stderr)
+    assert sum(calls(out, "__main__.spin").values()) == 100
+    # SIGKILL: nothing runs; the file holds what was drained, readable without its end
+    proc = _start("-m", "rethook", "record", "-o", str(out), "ending.py")
+    _until_ready(proc)
+    while b"EVTS" not in out.read_bytes():  # wait for a drain round to reach the file
+        time.sleep(0.01)
+    proc.kill()
+    proc.communicate(timeout=60)
+    report = run("-m", "rethook", "report", "-i", str(out))
+    assert report.returncode == 0 and "__main__.spin" in report.stdout
+    assert "warning" in report.stderr and "no end" in report.stderr
+    exported = tmp_path / "t.pftrace"
+    r = run("-m", "rethook", "export", "-i", str(out), "--format", "perfetto", "-o", str(exported))
+    assert r.returncode == 0 and exported.stat().st_size > 0
