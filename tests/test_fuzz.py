@@ -60,7 +60,7 @@ from rethook.probes.dynevent import parse_definition
 from rethook.probes.evfilter import FilterSyntaxError, compile_filter
 from rethook.probes.fetch import ProbeSyntaxError
 from rethook.probes.triggers import parse_trigger
-from rethook.session import Outcome
+from rethook.runner.program import Outcome
 from rethook.tracers.base import TraceContext
 
 LONG = os.environ.get("RETHOOK_FUZZ") == "long"

@@ -17,7 +17,6 @@ from types import CodeType, FrameType
 from typing import Any
 
 from rethook.engine.engine import FgraphOps
-from rethook.printable import printable
 from rethook.tracers.base import TraceContext
 from rethook.tracers.native import GRAPH_HANDLERS, install_handlers, native_unavailable, native_user
 
