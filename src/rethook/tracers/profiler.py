@@ -1,18 +1,33 @@
 """The function profiler (``function_profile_enabled`` and ``trace_stat/function*``).
 
-A graph user that counts, per thread and per function, the hits and the time: total time with
-``graph-time`` on, self time (children subtracted) with it off; each child charges its duration
-to its parent's entry data (``parent_data``, the kernel's ``fgraph_retrieve_parent_data``).
-``sleep-time`` off leaves out the time generators and coroutines spent suspended.
+A graph user that counts, per thread, per function and per caller -> callee edge, the hits and
+the times. A call's parent is the call below it on the user's own per-thread stack of open
+calls (a generator or coroutine leaves that stack while suspended), which mirrors this user's
+claims on the engine's shadow stack; each child charges its duration to its parent.
 
-Hits are counted the way cProfile counts calls, so the two agree function by function: a call
-is one hit, and so is each resumption of a generator or coroutine.
+Per function it keeps the kernel's columns -- hits, and Time with its sum of squares (total
+time with ``graph-time`` on, self time with it off) -- and the ones cProfile has:
+
+* ``prim``: hits made while no other call of the function was on the thread's stack (the
+  calls that are not recursive: cProfile's primitive calls);
+* ``total``: the inclusive time of those calls only, so that recursion is not counted twice
+  (cProfile's cumulative time);
+* ``self``: time minus the children's time (cProfile's total time, tottime).
+
+An edge keeps hits, prim (no other call through the same edge on the stack), total and self,
+the way cProfile keeps them per caller. ``sleep-time`` off leaves out the time generators and
+coroutines spent suspended.
+
+Hits are counted the way cProfile counts calls, so the two agree function by function and
+edge by edge: a call is one hit, and so is each resumption of a generator or coroutine (an
+edge from whatever resumed it). A call's time goes to its function and to the edge it was
+called through, when it returns.
 """
 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import CodeType, FrameType
 from typing import Any
 
@@ -22,13 +37,29 @@ from rethook.tracers.native import GRAPH_HANDLERS, install_handlers, native_unav
 
 
 @dataclass
+class CallerStat:
+    """Calls of a function from one caller (a pstats ``callers`` entry)."""
+
+    hit: int = 0
+    prim: int = 0
+    total_ns: int = 0
+    self_ns: int = 0
+
+
+@dataclass
 class FunctionStat:
-    """One line of ``trace_stat/function*``."""
+    """One function's line of the profile (``trace_stat/function*`` has the kernel's columns:
+    name, hit, time_ns, time_sq)."""
 
     name: str
     hit: int
-    time_ns: int
-    time_sq: int  # sum of squared durations, for s^2
+    time_ns: int  # the kernel's Time: inclusive with graph-time on, self time with it off
+    time_sq: int  # sum of squared Times, for s^2
+    prim: int = 0  # hits with no other call of the function on the thread's stack
+    total_ns: int = 0  # inclusive time of the prim calls (recursion not counted twice)
+    self_ns: int = 0  # time minus the children's
+    code: CodeType | None = None
+    callers: dict[str, CallerStat] = field(default_factory=dict)  # caller's name -> its calls
 
     @property
     def avg_ns(self) -> float:
@@ -43,6 +74,28 @@ class FunctionStat:
         return (n * self.time_sq - self.time_ns * self.time_ns) / (n * (n - 1))
 
 
+# One row of a thread's table: [code, hit, prim, time, time_sq, total, self, active], and of
+# an edge: the same with the caller's code after the code.
+_HIT, _PRIM, _TIME, _SQ, _TOTAL, _SELF, _ACTIVE = range(1, 8)
+_EDGE = 1  # an edge row is [code, caller, hit, ...]: indexes shifted by one
+
+# A call's entry data: [children's time, row, edge, prim bits, the row and edge holding its
+# active count, the stack it is on (None while suspended or after it returned)].
+_CHILD, _ROW, _EDGE_ROW, _PRIMS, _AROW, _AEDGE, _STACK = range(7)
+PRIM_ROW, PRIM_EDGE = 1, 2  # the entry was prim for its function, for its edge
+
+
+class _Thread:
+    """One thread's tables and stack of open calls."""
+
+    __slots__ = ("rows", "edges", "stack")
+
+    def __init__(self) -> None:
+        self.rows: dict[int, list] = {}  # id(code) -> row
+        self.edges: dict[tuple[int, int], list] = {}  # (id(caller), id(code)) -> edge row
+        self.stack: list[list] = []  # open calls' entry data, innermost last
+
+
 class ProfileOps(FgraphOps):
     """Counts hits at entry (and resume) and time at exit, per thread."""
 
@@ -52,70 +105,149 @@ class ProfileOps(FgraphOps):
         self.wants_frame = False
         self.graph_time = ctx.options["graph-time"]
         self.sleep_time = ctx.options["sleep-time"]
-        self.tables: dict[int, dict[int, list]] = {}  # tid -> id(code) -> [code, hit, t, t^2]
+        self.tables: dict[int, _Thread] = {}  # native tid -> the thread's tables
         self._local = threading.local()
         self._lock = threading.Lock()
 
-    def _table(self) -> dict[int, list]:
+    def _thread(self) -> _Thread:
         try:
-            return self._local.table
+            return self._local.thread
         except AttributeError:
-            table: dict[int, list] = {}
+            th = _Thread()
             with self._lock:
-                self.tables[threading.get_native_id()] = table
-            self._local.table = table
-            return table
+                self.tables[threading.get_native_id()] = th
+            self._local.thread = th
+            return th
 
-    def _hit(self, code: CodeType) -> None:
-        try:
-            table = self._local.table
-        except AttributeError:
-            table = self._table()
-        row = table.get(id(code))
+    def _enter(self, code: CodeType, call: list) -> int:
+        """``call`` goes on this thread's stack under the call on top (its caller): a hit for
+        the function and the edge; prim when none of their calls is on the stack already."""
+        th = self._thread()
+        row = th.rows.get(id(code))
         if row is None:
-            table[id(code)] = [code, 1, 0, 0]
-        else:
-            row[1] += 1
+            row = th.rows[id(code)] = [code, 0, 0, 0, 0, 0, 0, 0]
+        stack = th.stack
+        edge = None
+        if stack:
+            caller = stack[-1][_AROW][0]
+            key = (id(caller), id(code))
+            edge = th.edges.get(key)
+            if edge is None:
+                edge = th.edges[key] = [code, caller, 0, 0, 0, 0, 0, 0, 0]
+        stack.append(call)
+        call[_STACK] = stack
+        prim = 0
+        row[_HIT] += 1
+        row[_ACTIVE] += 1
+        if row[_ACTIVE] == 1:
+            row[_PRIM] += 1
+            prim |= PRIM_ROW
+        if edge is not None:
+            edge[_EDGE + _HIT] += 1
+            edge[_EDGE + _ACTIVE] += 1
+            if edge[_EDGE + _ACTIVE] == 1:
+                edge[_EDGE + _PRIM] += 1
+                prim |= PRIM_EDGE
+        call[_AROW] = row
+        call[_AEDGE] = edge
+        return prim
+
+    @staticmethod
+    def _leave(call: list) -> list | None:
+        """``call`` leaves its thread's stack; returns the open call below it, if any."""
+        stack = call[_STACK]
+        if stack is None:
+            return None
+        call[_STACK] = None
+        i = len(stack) - 1
+        while i >= 0 and stack[i] is not call:
+            i -= 1
+        if i < 0:
+            return None
+        del stack[i]
+        call[_AROW][_ACTIVE] -= 1
+        if call[_AEDGE] is not None:
+            call[_AEDGE][_EDGE + _ACTIVE] -= 1
+        return stack[i - 1] if i > 0 else None
 
     def entryfunc(self, code: CodeType, frame: FrameType | None, depth: int, t: int) -> Any:
-        self._hit(code)
-        return [0, self._table()]  # [children's time, the table of the call's thread]
+        call = [0, None, None, 0, None, None, None]
+        call[_PRIMS] = self._enter(code, call)
+        call[_ROW] = call[_AROW]
+        call[_EDGE_ROW] = call[_AEDGE]
+        return call
 
     def resumefunc(self, code: CodeType, frame: FrameType | None, depth: int, data: Any,
                    t: int) -> None:
-        self._hit(code)
+        self._leave(data)
+        self._enter(code, data)
+
+    def suspendfunc(self, code: CodeType, frame: FrameType | None, depth: int, data: Any,
+                    t: int) -> None:
+        self._leave(data)
 
     def retfunc(self, code: CodeType, frame: FrameType | None, depth: int, data: Any,
                 retval: Any, exc: BaseException | None, t0: int, t1: int, sleep: int,
                 flags: int) -> None:
         total = t1 - t0 if self.sleep_time else t1 - t0 - sleep
-        parent = self.parent_data()
+        parent = self._leave(data)
         if parent is not None:
-            parent[0] += total
-        spent = total if self.graph_time else total - data[0]
-        row = data[1].get(id(code))
-        if row is not None:
-            row[2] += spent
-            row[3] += spent * spent
+            parent[_CHILD] += total
+        self_ns = total - data[_CHILD]
+        spent = total if self.graph_time else self_ns
+        row = data[_ROW]
+        row[_TIME] += spent
+        row[_SQ] += spent * spent
+        row[_SELF] += self_ns
+        if data[_PRIMS] & PRIM_ROW:
+            row[_TOTAL] += total
+        edge = data[_EDGE_ROW]
+        if edge is not None:
+            edge[_EDGE + _SELF] += self_ns
+            if data[_PRIMS] & PRIM_EDGE:
+                edge[_EDGE + _TOTAL] += total
 
-    def rows(self) -> list[tuple[int, CodeType, int, int, int]]:
-        """``(tid, code, hit, time_ns, time_sq)`` for every thread and function."""
+    def _threads(self) -> list[tuple[int, _Thread]]:
         with self._lock:
-            tables = list(self.tables.items())
-        return [(tid, *row) for tid, table in tables for row in list(table.values())]
+            return list(self.tables.items())
+
+    def rows(self) -> list[tuple[int, CodeType, int, int, int, int, int, int]]:
+        """``(tid, code, hit, prim, time_ns, time_sq, total_ns, self_ns)`` for every thread
+        and function."""
+        return [(tid, *row[:_ACTIVE]) for tid, th in self._threads()
+                for row in list(th.rows.values())]
+
+    def edges(self) -> list[tuple[int, CodeType, CodeType, int, int, int, int]]:
+        """``(tid, caller, code, hit, prim, total_ns, self_ns)`` for every thread and edge."""
+        return [(tid, e[1], e[0], e[_EDGE + _HIT], e[_EDGE + _PRIM], e[_EDGE + _TOTAL],
+                 e[_EDGE + _SELF]) for tid, th in self._threads() for e in list(th.edges.values())]
 
     def stats(self, name_of, tid: int | None = None) -> list[FunctionStat]:
-        """Rows for one thread (``trace_stat/functionN``) or all threads, by time, longest first."""
-        merged: dict[int, list] = {}
-        for t, code, hit, time_ns, sq in self.rows():
+        """Rows for one thread (``trace_stat/functionN``) or all threads merged, with their
+        callers, by the kernel's Time, longest first."""
+        merged: dict[int, FunctionStat] = {}
+        for t, code, hit, prim, time_ns, sq, total, self_ns in self.rows():
             if tid is not None and t != tid:
                 continue
-            row = merged.setdefault(id(code), [code, 0, 0, 0])
-            row[1] += hit
-            row[2] += time_ns
-            row[3] += sq
-        out = [FunctionStat(name_of(code), hit, time_ns, sq)
-               for code, hit, time_ns, sq in merged.values()]
+            st = merged.get(id(code))
+            if st is None:
+                st = merged[id(code)] = FunctionStat(name_of(code), 0, 0, 0, code=code)
+            st.hit += hit
+            st.prim += prim
+            st.time_ns += time_ns
+            st.time_sq += sq
+            st.total_ns += total
+            st.self_ns += self_ns
+        for t, caller, code, hit, prim, total, self_ns in self.edges():
+            st = merged.get(id(code))
+            if st is None or (tid is not None and t != tid):
+                continue
+            c = st.callers.setdefault(name_of(caller), CallerStat())
+            c.hit += hit
+            c.prim += prim
+            c.total_ns += total
+            c.self_ns += self_ns
+        out = list(merged.values())
         out.sort(key=lambda s: (-s.time_ns, -s.hit, s.name))
         return out
 
@@ -125,16 +257,19 @@ class ProfileOps(FgraphOps):
 
 
 class NativeProfileOps(ProfileOps):
-    """The same user with its per-call work in C (tracers/native.py, _native.c): its own
-    per-thread stack of open calls finds a call's parent, where ProfileOps asks parent_data."""
+    """The same user with its per-call work in C (tracers/native.py, _native.c): the same
+    tables and per-thread stack of open calls, as C structs."""
 
     def __init__(self, ctx: TraceContext) -> None:
         super().__init__(ctx)
         user = native_user("profile", graph_time=self.graph_time, sleep_time=self.sleep_time)
         install_handlers(self, user, GRAPH_HANDLERS)
 
-    def rows(self) -> list[tuple[int, CodeType, int, int, int]]:
+    def rows(self) -> list[tuple[int, CodeType, int, int, int, int, int, int]]:
         return self.native.rows()
+
+    def edges(self) -> list[tuple[int, CodeType, CodeType, int, int, int, int]]:
+        return self.native.edges()
 
     def threads(self) -> list[int]:
         return self.native.threads()
