@@ -565,6 +565,8 @@ class Recorder(_Drain):
                          if e.read_hist()}
                 if hists:  # histograms live in the trace instance: keep them with the trace
                     writer.set_meta("histograms", hists)
+                # where the functions the trace names are defined (pstats, speedscope)
+                writer.set_meta("functions", fs.function_locations(writer.has_string))
                 writer.close()
             self.size = os.fstat(self._file.fileno()).st_size  # the program may have chdir'd
         finally:
@@ -673,6 +675,8 @@ def trace_meta(fs: Tracefs, program: Program, filters: list[str],
         "graph_function": list(settings.graph_functions),
         "graph_notrace": list(settings.graph_notrace),
         "probe_events": dict(fs.dynamic.printed),
+        "event_filters": dict(settings.event_filters),
+        "event_triggers": dict(settings.event_triggers),
         "max_graph_depth": fs.ctx.max_graph_depth,
         "tracing_thresh_us": fs.ctx.tracing_thresh_ns // 1000,
         "buffer_size_kb": fs.ctx.buffer.size_kb,

@@ -332,6 +332,10 @@ class TraceWriter:
         """Add or replace one META key (written with the next chunk)."""
         self._new_meta[key] = value
 
+    def has_string(self, value: str) -> bool:
+        """Whether ``value`` is in the file's string table (some event holds it)."""
+        return value in self._strings
+
     # -- events ---------------------------------------------------------------------------
 
     def write_events(self, events: Iterable[Event | Lost]) -> int:
@@ -791,6 +795,11 @@ class TraceReader:
     @property
     def stats(self) -> dict[int, dict[str, Any]]:
         return self._complete().stats
+
+    @property
+    def event_count(self) -> int:
+        """How many events the file holds (up to any damage)."""
+        return self._complete().events
 
     def _complete(self) -> _State:
         if self._done is None:

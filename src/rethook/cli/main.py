@@ -28,6 +28,8 @@ from rethook.cli.args import (
     settings_from,
     trace_options,
 )
+from rethook.cli.exports import EXPORTERS
+from rethook.cli.summaries import check_sort, print_profile, write_profile
 from rethook.control.tracefs import Tracefs
 from rethook.session import (
     Outcome,
@@ -232,31 +234,62 @@ def stream(ctx: click.Context, module: str | None, program: tuple[str, ...],
 
 @cli.command(cls=ProgramCommand, context_settings=CONTEXT)
 @trace_options(graph=False)
+@click.option("--sort", "sort", metavar="COLUMN", callback=check_sort,
+              help="Sort by COLUMN: hit, total, self, avg, s2, name, file (or cProfile's "
+                   "names: calls, cumtime, tottime, ...). Default: total (self with -O "
+                   "nograph-time).")
+@click.option("--limit", "limit", type=click.IntRange(min=1), metavar="N",
+              help="Print only the first N functions.")
+@click.option("-o", "output", metavar="FILE",
+              help="Write the profile to FILE as pstats (python -m pstats, snakeviz and "
+                   "gprof2dot read it) instead of printing the table.")
 @module_option
 @program_argument
 @click.pass_context
 def profile(ctx: click.Context, module: str | None, program: tuple[str, ...],
-            **params: Any) -> None:
+            sort: str | None, limit: int | None, output: str | None, **params: Any) -> None:
     """Run a program under the function profiler and print its table at the end.
 
-    The table (to stdout, after the program's own output) has ftrace's columns: Function,
-    Hit, Time, Avg, s^2, all threads merged, longest time first. Time includes the calls a
-    function makes; -O nograph-time gives self time. -O nosleep-time leaves out the time
-    generators and coroutines spent suspended.
+    The table (to stdout, after the program's own output), all threads merged: Function,
+    Hit (calls, each resumption of a generator or coroutine counted, as cProfile counts),
+    Total (inclusive time, recursion counted once), Self (time minus the calls it made),
+    Avg and s^2 (of one call's inclusive time, as the kernel's profiler; self time with -O
+    nograph-time), File:Line. -O nosleep-time leaves out the time generators and coroutines
+    spent suspended. With -o FILE the profile goes to a pstats file instead.
     """
     prog = _program(ctx, module, program)
     settings = settings_from(params, tracer="nop")
+    if output is not None:
+        _writable(ctx, output)
     fs, _ = _prepare(ctx, prog, settings, tracer=False)
     outcome = Session(prog, fs).run([ProfileObserver()])
     if not outcome.in_child:
-        try:
-            sys.stdout.flush()
-            out = sys.__stdout__ or sys.stdout
-            out.write(fs.profile_table())
-            out.flush()
-        except BrokenPipeError:
-            pass
+        stats = fs.profile_stats()
+        if output is not None:
+            try:
+                _stderr(write_profile(stats, output))
+            except OSError as e:
+                _stderr(f"rethook: error: {output}: {e.strerror or e}")
+                outcome.exit_code = outcome.exit_code or 1
+        else:
+            try:
+                sys.stdout.flush()
+                out = sys.__stdout__ or sys.stdout
+                print_profile(stats, out, sort=sort, limit=limit,
+                              graph_time=fs.ctx.options["graph-time"])
+                out.flush()
+            except BrokenPipeError:
+                pass
     _exit(outcome)
+
+
+def _writable(ctx: click.Context, path: str) -> None:
+    """A usage error, before the program runs, if ``path`` cannot be written."""
+    try:
+        with open(path, "ab"):
+            pass
+    except OSError as e:
+        raise click.UsageError(f"-o {path!r}: cannot write: {e.strerror}", ctx) from None
 
 
 @cli.command(context_settings=CONTEXT)
@@ -318,17 +351,34 @@ def report(input_: str, options: tuple[str, ...]) -> None:
 @cli.command(context_settings=CONTEXT)
 @click.option("-i", "input_", default="trace.dat", show_default=True, metavar="FILE",
               type=click.Path(exists=True, dir_okay=False), help="The trace file to read.")
-@click.option("--format", "fmt", type=click.Choice(["perfetto", "folded"]), required=True,
-              help="perfetto: a native Perfetto trace (open it in ui.perfetto.dev); "
-                   "folded: folded stacks for flame graphs (flamegraph.pl, speedscope).")
+@click.option("--format", "fmt", type=click.Choice(list(EXPORTERS)), required=True,
+              help="; ".join(f"{name}: {e.help}" for name, e in EXPORTERS.items()) + ".")
 @click.option("-o", "output", default=None, metavar="OUT",
               help="Output file ('-' for stdout). Default: the input's name with "
-                   ".perfetto-trace or .folded.")
-def export(input_: str, fmt: str, output: str | None) -> None:
-    """Convert a trace file for other tools: Perfetto or folded stacks."""
+                   + ", ".join(e.suffix for e in EXPORTERS.values()) + ".")
+@click.option("--per-thread", "per_thread", is_flag=True,
+              help="folded: every stack starts with its thread (name-pid/tid).")
+def export(input_: str, fmt: str, output: str | None, per_thread: bool) -> None:
+    """Convert a trace file for other tools: Perfetto, Chrome's trace viewer, speedscope,
+    flame graphs, pstats."""
     from rethook.cli.reporting import export_file
 
-    sys.exit(export_file(input_, fmt, output))
+    if per_thread and fmt != "folded":
+        raise click.UsageError("--per-thread is for --format folded")
+    sys.exit(export_file(input_, fmt, output, **({"per_thread": True} if per_thread else {})))
+
+
+@cli.command(context_settings=CONTEXT)
+@click.option("-i", "input_", default="trace.dat", show_default=True, metavar="FILE",
+              type=click.Path(exists=True, dir_okay=False), help="The trace file to read.")
+@click.option("--json", "as_json", is_flag=True, help="Print it as JSON.")
+def info(input_: str, as_json: bool) -> None:
+    """Print what a trace file holds: how it was recorded (command, tracer, options, filters,
+    probe events, clock, versions), its processes and threads, events per format, lost
+    events, time span and size."""
+    from rethook.cli.summaries import info_file
+
+    sys.exit(info_file(input_, as_json))
 
 
 @cli.command(context_settings=CONTEXT)

@@ -7,6 +7,7 @@ formats come first from a quick pass that checks chunks without decoding events.
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import warnings
@@ -16,6 +17,7 @@ from typing import IO
 import click
 
 from rethook.buffer.tracefile import TraceFileError, TraceReader
+from rethook.cli.exports import EXPORTERS
 from rethook.output.text import FunctionRenderer, Threads, renderer_for
 from rethook.session import human_size
 from rethook.tracers.base import OPTION_DEFAULTS, OptionError, Options
@@ -23,11 +25,12 @@ from rethook.tracers.base import OPTION_DEFAULTS, OptionError, Options
 #: Lines gathered before one write to stdout.
 WRITE_BATCH = 2048
 
-EXPORT_SUFFIX = {"perfetto": ".perfetto-trace", "folded": ".folded"}
 
 
 def _error(text: str) -> None:
-    click.echo(f"rethook: error: {text}", err=True)
+    from rethook.cli.term import error
+
+    error(text)
 
 
 def display_options(recorded: dict, overrides: Iterable[str]) -> dict[str, bool]:
@@ -74,7 +77,7 @@ def report_file(path: str, overrides: Iterable[str], out: IO[str] | None = None)
             return 1
         with reader:
             try:
-                _render(reader, overrides, out)
+                _render(reader, overrides, out, _paint(out))
             except BrokenPipeError:
                 # the reader went away (report | head): stop quietly, as cat would
                 devnull = os.open(os.devnull, os.O_WRONLY)
@@ -86,14 +89,23 @@ def report_file(path: str, overrides: Iterable[str], out: IO[str] | None = None)
     return 0
 
 
-def _render(reader: TraceReader, overrides: list[str], out: IO[str]) -> None:
+def _paint(out: IO[str]) -> dict[str, tuple[str, str]] | None:
+    """Colours for the report, when it goes to a colour terminal (cli/term.py)."""
+    from rethook.cli.term import colours, text_paint
+
+    con = colours(out)
+    return text_paint(con) if con is not None else None
+
+
+def _render(reader: TraceReader, overrides: list[str], out: IO[str],
+            paint: dict[str, tuple[str, str]] | None = None) -> None:
     # A quick pass (no event decoding) gives thread names, counts and formats first.
     threads, stats, formats = reader.threads, reader.stats, reader.formats
     meta = reader.meta
     tracer = meta.get("tracer", "function_graph")
     opts = display_options(meta.get("options", {}), overrides)
     renderer = renderer_for(tracer, formats, Threads(threads), opts,
-                            describe=_describer(meta.get("probe_events")))
+                            describe=_describer(meta.get("probe_events")), paint=paint)
     if isinstance(renderer, FunctionRenderer):
         entries = sum(s.get("entries", 0) + s.get("read", 0) for s in stats.values())
         written = sum(s.get("written", 0) for s in stats.values())
@@ -105,46 +117,58 @@ def _render(reader: TraceReader, overrides: list[str], out: IO[str]) -> None:
     write(header)
     lines: list[str] = []
     feed = renderer.feed
-    for ev in reader.events(lost=True):
-        lines.extend(feed(ev))
-        if len(lines) >= WRITE_BATCH:
-            write("\n".join(lines) + "\n")
-            lines.clear()
+    from rethook.cli.term import progress
+
+    with progress(reader, "report", quiet_stdout=True) as reading:
+        for ev in reading.events(lost=True):
+            lines.extend(feed(ev))
+            if len(lines) >= WRITE_BATCH:
+                write("\n".join(lines) + "\n")
+                lines.clear()
     lines.extend(renderer.flush())
     if lines:
         write("\n".join(lines) + "\n")
     out.flush()
 
 
-def export_file(path: str, fmt: str, output: str | None) -> int:
-    """Convert the trace at ``path`` to ``fmt``; returns the exit status."""
+def export_file(path: str, fmt: str, output: str | None, **options: object) -> int:
+    """Convert the trace at ``path`` to ``fmt`` (an EXPORTERS name); ``options`` go to the
+    writer. Returns the exit status."""
+    exporter = EXPORTERS[fmt]
     try:
-        if fmt == "perfetto":
-            from rethook.output.perfetto import write_perfetto as write
-        else:
-            from rethook.output.folded import write_folded as write
+        write = getattr(importlib.import_module(exporter.module), exporter.function)
     except ImportError as e:
         _error(f"the {fmt} exporter is not available ({e})")
         return 1
     if output is None:
-        output = os.path.splitext(path)[0] + EXPORT_SUFFIX[fmt]
-    binary = fmt == "perfetto"
+        output = os.path.splitext(path)[0] + exporter.suffix
+    binary = exporter.binary
     try:
         reader = TraceReader(path)
     except TraceFileError as e:
         _error(str(e))
         return 1
+    if exporter.graph_only:
+        from rethook.output.slices import is_graph_trace
+
+        if not is_graph_trace(reader):
+            reader.close()
+            _error(f"{path}: --format {fmt} needs a function_graph trace (this one is "
+                   f"{reader.meta.get('tracer', 'not')}'s): record with -p function_graph")
+            return 1
     to_stdout = output == "-"
+    from rethook.cli.term import progress
+
     try:
-        with reader:
+        with reader, progress(reader, f"export {fmt}", exporter.passes) as reading:
             if to_stdout:
                 target = sys.stdout.buffer if binary else sys.stdout
-                count = write(reader, target)
+                count = write(reading, target, **options)
                 target.flush()
             else:
                 mode = "wb" if binary else "w"
                 with open(output, mode, **({} if binary else {"encoding": "utf-8"})) as f:
-                    count = write(reader, f)
+                    count = write(reading, f, **options)
     except TraceFileError as e:
         _error(f"{e} (the export is incomplete)")
         return 1
@@ -152,9 +176,8 @@ def export_file(path: str, fmt: str, output: str | None) -> int:
         _error(f"{output}: {e.strerror or e}")
         return 1
     if not to_stdout:
-        unit = "packets" if binary else "stacks"
         size = human_size(os.path.getsize(output))
-        click.echo(f"rethook: {count:,} {unit} written to {output} ({size})", err=True)
+        click.echo(f"rethook: {count:,} {exporter.unit} written to {output} ({size})", err=True)
     return 0
 
 

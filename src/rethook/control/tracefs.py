@@ -30,7 +30,7 @@ from rethook.probes.fetch import ProbeSyntaxError
 from rethook.tracers import TRACERS
 from rethook.tracers.base import OptionError, TraceContext, Tracer
 from rethook.tracers.commands import Commands
-from rethook.tracers.profiler import FunctionProfiler, stat_table
+from rethook.tracers.profiler import FunctionProfiler, FunctionStat, stat_table
 
 
 class TracefsError(ValueError):
@@ -384,11 +384,19 @@ class Tracefs:
         ops = self.profiler.last
         return stat_table(ops.stats(self.ctx.name, tids[int(suffix)]))
 
-    def profile_table(self) -> str:
-        """All threads' profiles merged (what ``rethook profile`` prints)."""
+    def function_locations(self, named: Callable[[str], bool]) -> dict[str, list]:
+        """``{name: [file, line, qualname]}`` of the known functions whose name ``named``
+        accepts (a trace's META ``functions``: where the functions it names are defined)."""
+        with notrace():
+            return {info.name: [info.filename, info.firstlineno, info.qualname]
+                    for info in self.ctx.registry.functions() if named(info.name)}
+
+    def profile_stats(self) -> list[FunctionStat]:
+        """All threads' profiles merged, with each function's callers (what ``rethook
+        profile`` prints)."""
         with notrace():
             ops = self.profiler.last
-            return stat_table(ops.stats(self.ctx.name) if ops is not None else [])
+            return ops.stats(self.ctx.name) if ops is not None else []
 
     def close(self) -> None:
         """Stop everything this instance registered (the buffer stays readable)."""

@@ -31,7 +31,7 @@ from rethook.buffer.events import COMMON_COUNT
 from rethook.buffer.tracefile import TraceReader
 from rethook.output.calltree import build_call_tree
 from rethook.output.info import thread_frame, trace_pid
-from rethook.output.slices import slice_events
+from rethook.output.slices import is_graph_trace, slice_events
 
 
 def _frame(name: str) -> str:
@@ -43,14 +43,6 @@ def _micros(ns: int) -> int:
     """Nanoseconds to microseconds, halves rounded up; at least 1 for any time at all."""
     us = (ns + 500) // 1000
     return us if us or ns <= 0 else 1
-
-
-def _is_graph(reader: TraceReader) -> bool:
-    tracer = reader.meta.get("tracer")
-    if tracer in ("function_graph", "function"):
-        return tracer == "function_graph"
-    names = {f.name for f in reader.formats}
-    return "funcgraph_exit" in names or "funcgraph_entry" in names
 
 
 def _thread_frames(reader: TraceReader) -> Callable[[int], str]:
@@ -97,7 +89,7 @@ def _function_stacks(reader: TraceReader, per_thread: bool) -> dict[tuple[str, .
 def write_folded(reader: TraceReader, out: TextIO, *, per_thread: bool = False) -> int:
     """Write the folded stacks of the trace ``reader`` holds to ``out``; returns the number
     of lines."""
-    if _is_graph(reader):
+    if is_graph_trace(reader):
         values = {key: _micros(ns) for key, ns in _graph_stacks(reader, per_thread).items()}
     else:
         values = _function_stacks(reader, per_thread)

@@ -103,33 +103,29 @@ class TraceInfo:
 
 
 def trace_info(reader: TraceReader) -> TraceInfo:
-    """Read the whole trace once and summarise it. A damaged file is summarised up to the
-    damage (``damage`` says where), whatever ``reader.strict`` is."""
-    strict, reader.strict = reader.strict, False
+    """Read the whole trace once and summarise it. With a reader that is not strict, a
+    damaged file is summarised up to the damage (``damage`` says where)."""
     counts: dict[int, int] = {}
     threads: dict[int, ThreadInfo] = {}
-    try:
-        for ev in reader.events(lost=True):
-            if isinstance(ev, Lost):
-                th = threads.get(ev.tid) or threads.setdefault(ev.tid, ThreadInfo(ev.tid, ""))
-                th.lost += ev.count
-                continue
-            fid, ts, tid = ev[0], ev[1], ev[2]
-            counts[fid] = counts.get(fid, 0) + 1
-            th = threads.get(tid)
-            if th is None:
-                th = threads[tid] = ThreadInfo(tid, "")
-            th.events += 1
-            if th.first_ns is None or ts < th.first_ns:
-                th.first_ns = ts
-            if th.last_ns is None or ts > th.last_ns:
-                th.last_ns = ts
-        names = reader.threads
-        meta = reader.all_meta
-        stats = reader.stats
-        formats = reader.formats
-    finally:
-        reader.strict = strict
+    for ev in reader.events(lost=True):
+        if isinstance(ev, Lost):
+            th = threads.get(ev.tid) or threads.setdefault(ev.tid, ThreadInfo(ev.tid, ""))
+            th.lost += ev.count
+            continue
+        fid, ts, tid = ev[0], ev[1], ev[2]
+        counts[fid] = counts.get(fid, 0) + 1
+        th = threads.get(tid)
+        if th is None:
+            th = threads[tid] = ThreadInfo(tid, "")
+        th.events += 1
+        if th.first_ns is None or ts < th.first_ns:
+            th.first_ns = ts
+        if th.last_ns is None or ts > th.last_ns:
+            th.last_ns = ts
+    names = reader.threads
+    meta = reader.all_meta
+    stats = reader.stats
+    formats = reader.formats
     for tid, name in names.items():
         threads.setdefault(tid, ThreadInfo(tid, name)).name = name
     by_format = {}

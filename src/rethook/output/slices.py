@@ -44,6 +44,15 @@ _ENTRY, _RESUMED, _SYNTHETIC = 0, 1, 2
 _MATCH, _ORPHAN, _DETACHED = 0, 1, 2
 
 
+def is_graph_trace(reader: TraceReader) -> bool:
+    """Whether the trace is function_graph's (its META says so, or its formats do)."""
+    tracer = reader.meta.get("tracer")
+    if tracer in ("function_graph", "function"):
+        return tracer == "function_graph"
+    names = {f.name for f in reader.formats}
+    return "funcgraph_exit" in names or "funcgraph_entry" in names
+
+
 # -- rebuilding slices ------------------------------------------------------------------
 
 

@@ -27,6 +27,7 @@ called through, when it returns.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from types import CodeType, FrameType
 from typing import Any
@@ -52,13 +53,15 @@ class FunctionStat:
     name, hit, time_ns, time_sq)."""
 
     name: str
-    hit: int
-    time_ns: int  # the kernel's Time: inclusive with graph-time on, self time with it off
-    time_sq: int  # sum of squared Times, for s^2
+    hit: int = 0
+    time_ns: int = 0  # the kernel's Time: inclusive with graph-time on, self time with it off
+    time_sq: int = 0  # sum of squared Times, for s^2
     prim: int = 0  # hits with no other call of the function on the thread's stack
     total_ns: int = 0  # inclusive time of the prim calls (recursion not counted twice)
     self_ns: int = 0  # time minus the children's
-    code: CodeType | None = None
+    file: str = ""  # where the function is defined ("" if not known)
+    line: int = 0
+    func: str = ""  # its qualified name within the module
     callers: dict[str, CallerStat] = field(default_factory=dict)  # caller's name -> its calls
 
     @property
@@ -74,66 +77,49 @@ class FunctionStat:
         return (n * self.time_sq - self.time_ns * self.time_ns) / (n * (n - 1))
 
 
-# One row of a thread's table: [code, hit, prim, time, time_sq, total, self, active], and of
-# an edge: the same with the caller's code after the code.
-_HIT, _PRIM, _TIME, _SQ, _TOTAL, _SELF, _ACTIVE = range(1, 8)
-_EDGE = 1  # an edge row is [code, caller, hit, ...]: indexes shifted by one
+# A function's row in a thread's table: [function, hit, prim, time, time_sq, total, self,
+# active, key]; an edge's: [function, caller, hit, prim, -, -, total, self, active].
+_HIT, _PRIM, _TIME, _SQ, _TOTAL, _SELF, _ACTIVE, _KEY = range(1, 9)
+_EDGE = 1  # an edge row has the caller after the function: its indexes are shifted by one
 
-# A call's entry data: [children's time, row, edge, prim bits, the row and edge holding its
-# active count, the stack it is on (None while suspended or after it returned)].
+#: A call's entry data: [children's time, row, edge, prim bits, the row and edge holding its
+#: active count, the stack it is on (None while suspended or after it returned)].
 _CHILD, _ROW, _EDGE_ROW, _PRIMS, _AROW, _AEDGE, _STACK = range(7)
 PRIM_ROW, PRIM_EDGE = 1, 2  # the entry was prim for its function, for its edge
 
 
-class _Thread:
-    """One thread's tables and stack of open calls."""
+class ProfileThread:
+    """One thread's tables and stack of open calls: the profiler's bookkeeping, whether calls
+    come from the engine (:class:`ProfileOps`) or from a recorded trace's slices
+    (rethook.output.profile). A function is an object (a code object, a name) and a key
+    that tells functions apart (``id(code)``: code objects compare by value)."""
 
     __slots__ = ("rows", "edges", "stack")
 
     def __init__(self) -> None:
-        self.rows: dict[int, list] = {}  # id(code) -> row
-        self.edges: dict[tuple[int, int], list] = {}  # (id(caller), id(code)) -> edge row
+        self.rows: dict[Any, list] = {}  # key -> row
+        self.edges: dict[tuple[Any, Any], list] = {}  # (caller's key, key) -> edge row
         self.stack: list[list] = []  # open calls' entry data, innermost last
 
+    @staticmethod
+    def new_call() -> list:
+        return [0, None, None, 0, None, None, None]
 
-class ProfileOps(FgraphOps):
-    """Counts hits at entry (and resume) and time at exit, per thread."""
-
-    def __init__(self, ctx: TraceContext) -> None:
-        super().__init__(name="function_profile")
-        self.filter = ctx.ftrace_filter
-        self.wants_frame = False
-        self.graph_time = ctx.options["graph-time"]
-        self.sleep_time = ctx.options["sleep-time"]
-        self.tables: dict[int, _Thread] = {}  # native tid -> the thread's tables
-        self._local = threading.local()
-        self._lock = threading.Lock()
-
-    def _thread(self) -> _Thread:
-        try:
-            return self._local.thread
-        except AttributeError:
-            th = _Thread()
-            with self._lock:
-                self.tables[threading.get_native_id()] = th
-            self._local.thread = th
-            return th
-
-    def _enter(self, code: CodeType, call: list) -> int:
-        """``call`` goes on this thread's stack under the call on top (its caller): a hit for
-        the function and the edge; prim when none of their calls is on the stack already."""
-        th = self._thread()
-        row = th.rows.get(id(code))
+    def enter(self, key: Any, func: Any, call: list) -> int:
+        """``call`` (of ``func``) goes on the stack under the call on top (its caller): a hit
+        for the function and the edge; prim when none of their calls is on the stack already.
+        Returns the PRIM_* bits."""
+        row = self.rows.get(key)
         if row is None:
-            row = th.rows[id(code)] = [code, 0, 0, 0, 0, 0, 0, 0]
-        stack = th.stack
+            row = self.rows[key] = [func, 0, 0, 0, 0, 0, 0, 0, key]
+        stack = self.stack
         edge = None
         if stack:
-            caller = stack[-1][_AROW][0]
-            key = (id(caller), id(code))
-            edge = th.edges.get(key)
+            parent = stack[-1][_AROW]
+            ekey = (parent[_KEY], key)
+            edge = self.edges.get(ekey)
             if edge is None:
-                edge = th.edges[key] = [code, caller, 0, 0, 0, 0, 0, 0, 0]
+                edge = self.edges[ekey] = [func, parent[0], 0, 0, 0, 0, 0, 0, 0]
         stack.append(call)
         call[_STACK] = stack
         prim = 0
@@ -152,8 +138,16 @@ class ProfileOps(FgraphOps):
         call[_AEDGE] = edge
         return prim
 
+    def begin(self, key: Any, func: Any) -> list:
+        """A new call of ``func``: its entry data."""
+        call = self.new_call()
+        call[_PRIMS] = self.enter(key, func, call)
+        call[_ROW] = call[_AROW]
+        call[_EDGE_ROW] = call[_AEDGE]
+        return call
+
     @staticmethod
-    def _leave(call: list) -> list | None:
+    def leave(call: list) -> list | None:
         """``call`` leaves its thread's stack; returns the open call below it, if any."""
         stack = call[_STACK]
         if stack is None:
@@ -170,86 +164,134 @@ class ProfileOps(FgraphOps):
             call[_AEDGE][_EDGE + _ACTIVE] -= 1
         return stack[i - 1] if i > 0 else None
 
+    @classmethod
+    def end(cls, call: list, total: int, graph_time: bool) -> None:
+        """``call`` returned after ``total`` ns: off the stack, its time to its parent's
+        children's time, to its function and to the edge it was called through."""
+        parent = cls.leave(call)
+        if parent is not None:
+            parent[_CHILD] += total
+        self_ns = total - call[_CHILD]
+        spent = total if graph_time else self_ns
+        row = call[_ROW]
+        row[_TIME] += spent
+        row[_SQ] += spent * spent
+        row[_SELF] += self_ns
+        if call[_PRIMS] & PRIM_ROW:
+            row[_TOTAL] += total
+        edge = call[_EDGE_ROW]
+        if edge is not None:
+            edge[_EDGE + _SELF] += self_ns
+            if call[_PRIMS] & PRIM_EDGE:
+                edge[_EDGE + _TOTAL] += total
+
+    def row_tuples(self) -> list[tuple]:
+        """``(function, hit, prim, time_ns, time_sq, total_ns, self_ns)`` per function."""
+        return [tuple(row[:_ACTIVE]) for row in list(self.rows.values())]
+
+    def edge_tuples(self) -> list[tuple]:
+        """``(caller, function, hit, prim, total_ns, self_ns)`` per edge."""
+        return [(e[1], e[0], e[_EDGE + _HIT], e[_EDGE + _PRIM], e[_EDGE + _TOTAL],
+                 e[_EDGE + _SELF]) for e in list(self.edges.values())]
+
+
+def merge_stats(rows: Iterable[tuple], edges: Iterable[tuple], name_of: Callable[[Any], str],
+                where: Callable[[Any], tuple[str, int, str]]) -> list[FunctionStat]:
+    """FunctionStats (threads merged) from ``(function, hit, prim, time, sq, total, self)``
+    rows and ``(caller, function, hit, prim, total, self)`` edges; ``where(function)`` is
+    ``(file, line, qualname)``. Sorted by the kernel's Time, longest first."""
+    merged: dict[str, FunctionStat] = {}
+    for func, hit, prim, time_ns, sq, total, self_ns in rows:
+        name = name_of(func)
+        st = merged.get(name)
+        if st is None:
+            file, line, qualname = where(func)
+            st = merged[name] = FunctionStat(name, file=file, line=line, func=qualname)
+        st.hit += hit
+        st.prim += prim
+        st.time_ns += time_ns
+        st.time_sq += sq
+        st.total_ns += total
+        st.self_ns += self_ns
+    for caller, func, hit, prim, total, self_ns in edges:
+        st = merged.get(name_of(func))
+        if st is None:
+            continue
+        c = st.callers.setdefault(name_of(caller), CallerStat())
+        c.hit += hit
+        c.prim += prim
+        c.total_ns += total
+        c.self_ns += self_ns
+    out = list(merged.values())
+    out.sort(key=lambda s: (-s.time_ns, -s.hit, s.name))
+    return out
+
+
+def _where(code: CodeType) -> tuple[str, int, str]:
+    return code.co_filename, code.co_firstlineno, code.co_qualname
+
+
+class ProfileOps(FgraphOps):
+    """Counts hits at entry (and resume) and time at exit, per thread."""
+
+    def __init__(self, ctx: TraceContext) -> None:
+        super().__init__(name="function_profile")
+        self.filter = ctx.ftrace_filter
+        self.wants_frame = False
+        self.graph_time = ctx.options["graph-time"]
+        self.sleep_time = ctx.options["sleep-time"]
+        self.tables: dict[int, ProfileThread] = {}  # native tid -> the thread's tables
+        self._local = threading.local()
+        self._lock = threading.Lock()
+
+    def _thread(self) -> ProfileThread:
+        try:
+            return self._local.thread
+        except AttributeError:
+            th = ProfileThread()
+            with self._lock:
+                self.tables[threading.get_native_id()] = th
+            self._local.thread = th
+            return th
+
     def entryfunc(self, code: CodeType, frame: FrameType | None, depth: int, t: int) -> Any:
-        call = [0, None, None, 0, None, None, None]
-        call[_PRIMS] = self._enter(code, call)
-        call[_ROW] = call[_AROW]
-        call[_EDGE_ROW] = call[_AEDGE]
-        return call
+        return self._thread().begin(id(code), code)
 
     def resumefunc(self, code: CodeType, frame: FrameType | None, depth: int, data: Any,
                    t: int) -> None:
-        self._leave(data)
-        self._enter(code, data)
+        ProfileThread.leave(data)
+        self._thread().enter(id(code), code, data)
 
     def suspendfunc(self, code: CodeType, frame: FrameType | None, depth: int, data: Any,
                     t: int) -> None:
-        self._leave(data)
+        ProfileThread.leave(data)
 
     def retfunc(self, code: CodeType, frame: FrameType | None, depth: int, data: Any,
                 retval: Any, exc: BaseException | None, t0: int, t1: int, sleep: int,
                 flags: int) -> None:
-        total = t1 - t0 if self.sleep_time else t1 - t0 - sleep
-        parent = self._leave(data)
-        if parent is not None:
-            parent[_CHILD] += total
-        self_ns = total - data[_CHILD]
-        spent = total if self.graph_time else self_ns
-        row = data[_ROW]
-        row[_TIME] += spent
-        row[_SQ] += spent * spent
-        row[_SELF] += self_ns
-        if data[_PRIMS] & PRIM_ROW:
-            row[_TOTAL] += total
-        edge = data[_EDGE_ROW]
-        if edge is not None:
-            edge[_EDGE + _SELF] += self_ns
-            if data[_PRIMS] & PRIM_EDGE:
-                edge[_EDGE + _TOTAL] += total
+        ProfileThread.end(data, t1 - t0 if self.sleep_time else t1 - t0 - sleep,
+                          self.graph_time)
 
-    def _threads(self) -> list[tuple[int, _Thread]]:
+    def _threads(self) -> list[tuple[int, ProfileThread]]:
         with self._lock:
             return list(self.tables.items())
 
     def rows(self) -> list[tuple[int, CodeType, int, int, int, int, int, int]]:
         """``(tid, code, hit, prim, time_ns, time_sq, total_ns, self_ns)`` for every thread
         and function."""
-        return [(tid, *row[:_ACTIVE]) for tid, th in self._threads()
-                for row in list(th.rows.values())]
+        return [(tid, *row) for tid, th in self._threads() for row in th.row_tuples()]
 
     def edges(self) -> list[tuple[int, CodeType, CodeType, int, int, int, int]]:
         """``(tid, caller, code, hit, prim, total_ns, self_ns)`` for every thread and edge."""
-        return [(tid, e[1], e[0], e[_EDGE + _HIT], e[_EDGE + _PRIM], e[_EDGE + _TOTAL],
-                 e[_EDGE + _SELF]) for tid, th in self._threads() for e in list(th.edges.values())]
+        return [(tid, *edge) for tid, th in self._threads() for edge in th.edge_tuples()]
 
-    def stats(self, name_of, tid: int | None = None) -> list[FunctionStat]:
+    def stats(self, name_of: Callable[[CodeType], str], tid: int | None = None
+              ) -> list[FunctionStat]:
         """Rows for one thread (``trace_stat/functionN``) or all threads merged, with their
         callers, by the kernel's Time, longest first."""
-        merged: dict[int, FunctionStat] = {}
-        for t, code, hit, prim, time_ns, sq, total, self_ns in self.rows():
-            if tid is not None and t != tid:
-                continue
-            st = merged.get(id(code))
-            if st is None:
-                st = merged[id(code)] = FunctionStat(name_of(code), 0, 0, 0, code=code)
-            st.hit += hit
-            st.prim += prim
-            st.time_ns += time_ns
-            st.time_sq += sq
-            st.total_ns += total
-            st.self_ns += self_ns
-        for t, caller, code, hit, prim, total, self_ns in self.edges():
-            st = merged.get(id(code))
-            if st is None or (tid is not None and t != tid):
-                continue
-            c = st.callers.setdefault(name_of(caller), CallerStat())
-            c.hit += hit
-            c.prim += prim
-            c.total_ns += total
-            c.self_ns += self_ns
-        out = list(merged.values())
-        out.sort(key=lambda s: (-s.time_ns, -s.hit, s.name))
-        return out
+        return merge_stats((r[1:] for r in self.rows() if tid is None or r[0] == tid),
+                           (e[1:] for e in self.edges() if tid is None or e[0] == tid),
+                           name_of, _where)
 
     def threads(self) -> list[int]:
         with self._lock:
