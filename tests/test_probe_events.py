@@ -105,9 +105,40 @@ def test_traceoff_trigger_with_count_and_filter(fs):
     for n in range(8):
         probed.sizes("y" * n)
     assert fs.read("tracing_on") == "0\n"
-    # recorded: sizes 0..4; the hit with r == 5 turned tracing off before it was recorded
-    assert [line.rsplit("=", 1)[1] for line in lines(fs)] == ["0", "1", "2", "3", "4"]
+    # recorded: sizes 0..5; traceoff is a post trigger (the kernel's), so the hit with r == 5
+    # that turned tracing off is recorded, and nothing after it
+    assert [line.rsplit("=", 1)[1] for line in lines(fs)] == ["0", "1", "2", "3", "4", "5"]
     assert fs.read("events/kprobes/sz/trigger") == "traceoff:count=0 if r == 5\n"
+
+
+def test_the_event_filter_does_not_gate_triggers(fs):
+    """The kernel's rule (trace_events_trigger.c: event_triggers_call runs before the event
+    filter discards the event): every hit reaches the triggers, each gated by its own filter;
+    traceoff and stacktrace act after the event."""
+    fs.write("current_tracer", "nop")
+    events(fs, "r:sz programs.probed.sizes r=$retval:u32")
+    fs.write("events/kprobes/sz/filter", "r > 5")
+    fs.write("events/kprobes/sz/trigger", "hist:keys=r")
+    fs.write("events/kprobes/sz/trigger", "hist:keys=r:sort=r if r > 5")
+    fs.write("events/kprobes/sz/trigger", "stacktrace:2 if r >= 2")
+    for n in range(8):
+        probed.sizes("y" * n)
+    hist_all, hist_kept = fs.read("events/kprobes/sz/hist").split("\n\n# event histogram")
+    assert "    Hits: 8\n" in hist_all and "    Hits: 2\n" in hist_kept
+    trace = lines(fs)
+    # two stack traces (r == 2, 3, whose events the filter dropped), then the events r > 5
+    assert [line.split(" ", 1)[0] for line in trace] == ["<stack", "<stack", "sz:", "sz:"]
+    assert [line.rsplit("=", 1)[1] for line in trace[2:]] == ["6", "7"]
+
+
+def test_stack_trace_trigger_follows_its_event(fs):
+    fs.write("current_tracer", "nop")
+    events(fs, "r:sz programs.probed.sizes r=$retval:u32")
+    fs.write("events/kprobes/sz/trigger", "stacktrace if r == 1")
+    for n in range(3):
+        probed.sizes("y" * n)
+    trace = [line.split(" ", 1)[0] for line in lines(fs)]
+    assert trace == ["sz:", "sz:", "<stack", "sz:"]
 
 
 def test_histogram_totals_equal_calls(fs):
