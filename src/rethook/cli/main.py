@@ -1,7 +1,7 @@
 """The ``rethook`` command line: trace-cmd's commands and flags for Python programs.
 
 ``record``, ``stream`` and ``profile`` run a program (``SCRIPT ARGS`` or ``-m MODULE ARGS``)
-under a trace; ``report`` and ``export`` read a recorded trace file; ``list`` shows tracers,
+under a trace; ``report``, ``export``, ``hist`` and ``info`` read a recorded trace file; ``list`` shows tracers,
 options and traceable functions; ``demo`` records and shows a bundled example. See docs/cli.md.
 
 Exit status: a command that runs a program exits with the program's status (as ``python``
@@ -89,6 +89,8 @@ def cli() -> None:
       rethook report                   print it in ftrace's text format
       rethook stream -m pkg.tool       print events live while the program runs
       rethook profile prog.py          function profiler: hits and times per function
+      rethook export --format chrome   for other tools: perfetto, chrome, speedscope, ...
+      rethook info                     how a trace was recorded, what it holds
       rethook list -f 'main*' prog.py  what can be traced
       rethook demo                     record and show a bundled example
 
