@@ -1,8 +1,9 @@
 """The ``rethook`` command line: trace-cmd's commands and flags for Python programs.
 
 ``record``, ``stream`` and ``profile`` run a program (``SCRIPT ARGS`` or ``-m MODULE ARGS``)
-under a trace; ``report``, ``export``, ``hist`` and ``info`` read a recorded trace file; ``list`` shows tracers,
-options and traceable functions; ``demo`` records and shows a bundled example. See docs/cli.md.
+under a trace; ``report``, ``export``, ``hist`` and ``info`` read a recorded trace file;
+``list`` shows tracers, options and traceable functions; ``demo`` records and shows a bundled
+example. See docs/cli.md.
 
 Exit status: a command that runs a program exits with the program's status (as ``python``
 would); usage errors (bad flags, unknown tracers or options, filters that match nothing, a
