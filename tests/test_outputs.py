@@ -30,6 +30,12 @@ from rethook.tracers.profiler import CallerStat, FunctionStat
 PROGRAMS = Path(__file__).parent / "cli_programs"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
+#: Tests of how files and tables are written, not of what the engine records: they run once,
+#: not again when test_ccore reruns the suite on the other core (the profiler's tests do).
+formats_only = pytest.mark.skipif(
+    bool(os.environ.get("RETHOOK_NO_OTHER_CORE")),
+    reason="output formats: tested once, on the default core")
+
 
 def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
@@ -73,11 +79,13 @@ GOLDEN_TABLE = """\
 """  # noqa: E501 - the table is as wide as it is
 
 
+@formats_only
 def test_profile_table_golden():
     rows = sort_stats(_stats())
     assert render_table(rows, cwd="/src") == GOLDEN_TABLE
 
 
+@formats_only
 def test_profile_table_sort_and_limit():
     def names(by, **kw):
         return [s.name for s in sort_stats(_stats(), by, **kw)]
@@ -95,6 +103,7 @@ def test_profile_table_sort_and_limit():
         "  (2 of 4 functions shown: --limit)"]
 
 
+@formats_only
 def test_profile_rich_table_has_every_row():
     from rich.console import Console
 
@@ -232,6 +241,7 @@ def counted(tmp_path_factory):
     return tmp, trace, own, entries, resumes, probes
 
 
+@formats_only
 def test_chrome_json_follows_the_trace_event_format(counted):
     tmp, trace, own, entries, resumes, probes = counted
     r = rethook("export", "-i", str(trace), "--format", "chrome", "-o", str(tmp / "t.json"))
@@ -286,6 +296,7 @@ def test_chrome_json_follows_the_trace_event_format(counted):
     assert set(fib["args"]["args"]) == {"n"}  # one arg per parameter
 
 
+@formats_only
 def test_speedscope_follows_its_schema(counted):
     tmp, trace, own, entries, resumes, _ = counted
     r = rethook("export", "-i", str(trace), "--format", "speedscope")
@@ -330,6 +341,7 @@ def test_speedscope_follows_its_schema(counted):
             assert opens[key] == n
 
 
+@formats_only
 def test_folded_per_thread_roots(counted):
     tmp, trace, own, *_ = counted
     r = rethook("export", "-i", str(trace), "--format", "folded", "--per-thread", "-o", "-")
@@ -342,6 +354,7 @@ def test_folded_per_thread_roots(counted):
     assert bad.returncode == 2 and "--per-thread is for --format folded" in bad.stderr
 
 
+@formats_only
 def test_info_text_and_json(counted):
     tmp, trace, own, entries, resumes, probes = counted
     r = rethook("info", "-i", str(trace))
@@ -377,6 +390,7 @@ _values = st.recursive(
     max_leaves=6)
 
 
+@formats_only
 @settings(max_examples=150, deadline=None)
 @given(st.dictionaries(st.from_regex(r"[a-z_][a-z0-9_]{0,6}", fullmatch=True), _values,
                        min_size=1, max_size=4))
@@ -385,6 +399,7 @@ def test_split_args_gives_one_item_per_parameter(params):
     assert split_args(text) == {k: bounded_repr(v) for k, v in params.items()}
 
 
+@formats_only
 def test_split_args_of_odd_reprs():
     assert split_args("self=<Shape a, b=1>, n=2") == {"self": "<Shape a, b=1>", "n": "2"}
     assert split_args("s='it''s, x=1'") == {"s": "'it''s, x=1'"}
@@ -407,6 +422,7 @@ def _colours(text: str) -> set[int]:
             if p.isdigit() and (30 <= int(p) <= 49 or 90 <= int(p) <= 107)}
 
 
+@formats_only
 def test_report_and_profile_colour_only_on_a_colour_terminal(tmp_path, term_env):
     from rethook.cli.reporting import report_file
     from rethook.cli.summaries import print_profile
@@ -437,6 +453,7 @@ def test_report_and_profile_colour_only_on_a_colour_terminal(tmp_path, term_env)
     assert report(FORCE_COLOR="1", TERM="dumb") == (plain, plain_table)
 
 
+@formats_only
 def test_progress_bar_on_a_terminal_only(tmp_path, term_env):
     monkeypatch = term_env
     from rethook.cli import reporting, term

@@ -6,8 +6,6 @@ where it goes: a rich table on a terminal, the plain text table otherwise (cli/t
 
 from __future__ import annotations
 
-import datetime
-import json
 import os
 import sys
 from typing import IO, Any
@@ -64,6 +62,8 @@ def write_profile(stats: list[FunctionStat], path: str) -> str:
 
 
 def _when(meta: dict[str, Any], key: str) -> str:
+    import datetime
+
     t = meta.get(key)
     if not isinstance(t, (int, float)) or isinstance(t, bool):
         return ""
@@ -151,6 +151,8 @@ def info_lines(info: Any) -> list[str]:
 
 
 def info_json(info: Any) -> str:
+    import json
+
     threads = [{"tid": t.tid, "name": t.name, "events": t.events, "lost": t.lost,
                 "first_ns": t.first_ns, "last_ns": t.last_ns} for t in info.threads.values()]
     return json.dumps({"path": info.path, "size": info.size, "version": list(info.version),
