@@ -131,6 +131,9 @@ def test_profile_command_table_sort_limit_and_errors():
     bad = rethook("profile", "--sort", "bogus", "profiled.py")
     assert bad.returncode == 2 and "'bogus' is not a column: hit, total" in bad.stderr
     assert "Traceback" not in bad.stderr
+    nowhere = rethook("profile", "-o", "/nonexistent/dir/p.pstats", "profiled.py")
+    assert nowhere.returncode == 2 and "cannot write there" in nowhere.stderr
+    assert nowhere.stdout == ""  # a usage error: the program did not run
 
 
 # -- pstats, against cProfile's own file of the same program --------------------------------

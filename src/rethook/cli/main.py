@@ -262,9 +262,10 @@ def profile(ctx: click.Context, module: str | None, program: tuple[str, ...],
     """
     prog = _program(ctx, module, program)
     settings = settings_from(params, tracer="nop")
-    if output is not None:
-        _writable(ctx, output)
     fs, _ = _prepare(ctx, prog, settings, tracer=False)
+    if output is not None and not _writable(output):
+        fs.close()
+        raise click.UsageError(f"-o {output!r}: cannot write there", ctx)
     outcome = Session(prog, fs).run([ProfileObserver()])
     if not outcome.in_child:
         stats = fs.profile_stats()
@@ -286,13 +287,13 @@ def profile(ctx: click.Context, module: str | None, program: tuple[str, ...],
     _exit(outcome)
 
 
-def _writable(ctx: click.Context, path: str) -> None:
-    """A usage error, before the program runs, if ``path`` cannot be written."""
-    try:
-        with open(path, "ab"):
-            pass
-    except OSError as e:
-        raise click.UsageError(f"-o {path!r}: cannot write: {e.strerror}", ctx) from None
+def _writable(path: str) -> bool:
+    """Whether ``path`` can be written (checked before the program runs; nothing created)."""
+    if os.path.isdir(path):
+        return False
+    if os.path.exists(path):
+        return os.access(path, os.W_OK)
+    return os.access(os.path.dirname(os.path.abspath(path)), os.W_OK | os.X_OK)
 
 
 @cli.command(context_settings=CONTEXT)
