@@ -24,7 +24,7 @@ def _env() -> dict[str, str]:
     env = dict(os.environ)
     # PYTHONUNBUFFERED would let `stream` lines land between the pieces one print() writes
     for name in ("PYTHONPATH", "PYTHONWARNINGS", "PYTHONSTARTUP", "PYTHONINSPECT",
-                 "PYTHONUNBUFFERED"):
+                 "PYTHONUNBUFFERED", "FORCE_COLOR", "TTY_COMPATIBLE"):
         env.pop(name, None)
     env["PYTHONIOENCODING"] = "utf-8"
     return env
@@ -411,7 +411,7 @@ def test_profile_hit_counts() -> None:
     r = rethook("profile", "profiled.py")
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[0] == str(55 + 15 + 6)  # the program's own output first
-    assert "  Function" in r.stdout and "Hit    Time            Avg             s^2" in r.stdout
+    assert "  Function" in r.stdout and "Hit    Total           Self            Avg" in r.stdout
     assert profile_hits(r.stdout) == {"__main__.fib": 177, "__main__.step": 5, "__main__.gen": 4,
                                       "__main__.main": 1}
     self_time = rethook("profile", "-O", "nograph-time", "-l", "fib", "profiled.py")

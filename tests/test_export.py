@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import io
+import os
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
@@ -154,6 +155,8 @@ class Decoded:
 
 
 def _value(ann) -> Any:
+    if ann.dict_entries:  # a call's arguments: one nested annotation per parameter
+        return {e.name: _value(e) for e in ann.dict_entries}
     return getattr(ann, ann.WhichOneof("value"))
 
 
@@ -293,14 +296,14 @@ def test_perfetto_calls_nest_and_carry_args_and_results(fs, tmp_path):
             assert (short(s.parent.name) if s.parent else None) in callers
     main = out.slices[out.track_of("MainThread")]
     fibs = [s for s in main if short(s.name) == "prog_fib"]
-    assert fibs[0].args == {"args": "n=7"} and fibs[0].end_args == {"retval": "13"}
+    assert fibs[0].args == {"args": {"n": "7"}} and fibs[0].end_args == {"retval": "13"}
     assert max(s.depth for s in fibs) == 6
     fails = [s for s in main if short(s.name) == "prog_fail"]
     assert len(fails) == 4
     for s in fails:
         assert s.end_args == {"raised": True, "exception": "ProgError('bottom')"}
     (catch,) = [s for s in main if short(s.name) == "prog_catch"]
-    assert catch.args == {"args": "n=3"} and catch.end_args == {"retval": "'caught'"}
+    assert catch.args == {"args": {"n": "3"}} and catch.end_args == {"retval": "'caught'"}
 
 
 def test_perfetto_generators_and_coroutines_suspend_and_resume(fs, tmp_path):
@@ -440,7 +443,7 @@ def test_slice_events_of_the_awkward_trace(tmp_path):
     assert main == [
         (B, 50, "p", {"entry_missing": True}),
         (B, 100, "c", {"entry_missing": True}),
-        (B, 110, "g", {"args": "x=1"}),
+        (B, 110, "g", {"args": {"x": "1"}}),
         (End, 120, "g", {"retval": "1"}),
         (End, 150, "c", {"retval": "2"}),
         (B, 160, "k", {}),
@@ -594,8 +597,9 @@ def test_folded_awkward_trace_exact(tmp_path):
     assert folded(reader) == [
         "gen 20", "open 30", "p 150", "p;c 40", "p;c;g 10", "p;k 40", "p;m 10", "q 20", "w 10"]
     assert folded(reader, per_thread=True) == [
-        "main;gen 20", "main;open 30", "main;p 150", "main;p;c 40", "main;p;c;g 10",
-        "main;p;k 40", "main;p;m 10", "main;q 20", "worker;w 10"]
+        "main-11/11;gen 20", "main-11/11;open 30", "main-11/11;p 150", "main-11/11;p;c 40",
+        "main-11/11;p;c;g 10", "main-11/11;p;k 40", "main-11/11;p;m 10", "main-11/11;q 20",
+        "worker-11/22;w 10"]
 
 
 def test_folded_rounding_and_merging(tmp_path):
@@ -617,7 +621,7 @@ def test_folded_function_tracer_counts_caller_pairs(tmp_path):
         w.write_events(events)
     reader = TraceReader(tmp_path / "t.rth")
     assert folded(reader) == ["a;b 3", "c 1", "main;a 2"]
-    assert folded(reader, per_thread=True) == ["T;a;b 3", "T;c 1", "T;main;a 2"]
+    assert folded(reader, per_thread=True) == ["T-1/1;a;b 3", "T-1/1;c 1", "T-1/1;main;a 2"]
 
 
 def test_folded_real_trace_stacks_and_total_time(fs, tmp_path):
@@ -645,7 +649,8 @@ def test_folded_real_trace_stacks_and_total_time(fs, tmp_path):
             total += ev[1] - start
     assert abs(sum(values) - total / 1000) <= len(values)
     threads = folded(reader, per_thread=True)
-    assert threads == [f"MainThread;{line}" for line in lines]
+    tid = threading.get_native_id()
+    assert threads == [f"MainThread-{os.getpid()}/{tid};{line}" for line in lines]
 
 
 def test_exports_write_to_files(fs, tmp_path):

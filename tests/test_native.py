@@ -216,7 +216,7 @@ def test_profiler_native_hits_equal_python(on_c_core, graph_time):
     assert len(python_hits) > 15
     assert native_hits == python_hits
     by_code = {}
-    for _, code, hit, t, sq in native_rows:
+    for _, code, hit, _prim, t, sq, _total, _self in native_rows:
         by_code.setdefault(code.co_name, []).append((hit, t, sq))
         assert hit >= 1 and sq >= 0
         if graph_time == "1":
@@ -235,8 +235,8 @@ def test_profiler_self_time_is_total_minus_children(on_c_core):
     fs_total, _ = _profile(lambda: [calls.outer(i) for i in range(200)], True, "1")
     fs_self, _ = _profile(lambda: [calls.outer(i) for i in range(200)], True, "0")
     try:
-        total = {c.co_name: (h, t) for _, c, h, t, _ in fs_total.profiler.last.rows()}
-        self_ = {c.co_name: (h, t) for _, c, h, t, _ in fs_self.profiler.last.rows()}
+        total = {r[1].co_name: (r[2], r[4]) for r in fs_total.profiler.last.rows()}
+        self_ = {r[1].co_name: (r[2], r[4]) for r in fs_self.profiler.last.rows()}
     finally:
         fs_total.close()
         fs_self.close()

@@ -98,16 +98,45 @@ def test_filters_count_exactly(fs):
     assert fs.read("kprobe_profile").split() == ["sz", "15", "0"]
 
 
-def test_traceoff_trigger_with_count_and_filter(fs):
+def sizes_with(fs, calls, **files):
+    """An ``r:sz`` probe on programs.probed.sizes (``r`` its return value), files of its
+    events/kprobes/sz/ written in order (FILE=TEXT, TEXT or a list), then sizes(0..calls-1)."""
     fs.write("current_tracer", "nop")
     events(fs, "r:sz programs.probed.sizes r=$retval:u32")
-    fs.write("events/kprobes/sz/trigger", "traceoff:1 if r == 5")
-    for n in range(8):
+    for name, texts in files.items():
+        for text in [texts] if isinstance(texts, str) else texts:
+            fs.write(f"events/kprobes/sz/{name}", text)
+    for n in range(calls):
         probed.sizes("y" * n)
+
+
+def test_traceoff_trigger_with_count_and_filter(fs):
+    sizes_with(fs, 8, trigger="traceoff:1 if r == 5")
     assert fs.read("tracing_on") == "0\n"
-    # recorded: sizes 0..4; the hit with r == 5 turned tracing off before it was recorded
-    assert [line.rsplit("=", 1)[1] for line in lines(fs)] == ["0", "1", "2", "3", "4"]
+    # recorded: sizes 0..5; traceoff is a post trigger (the kernel's), so the hit with r == 5
+    # that turned tracing off is recorded, and nothing after it
+    assert [line.rsplit("=", 1)[1] for line in lines(fs)] == ["0", "1", "2", "3", "4", "5"]
     assert fs.read("events/kprobes/sz/trigger") == "traceoff:count=0 if r == 5\n"
+
+
+def test_the_event_filter_does_not_gate_triggers(fs):
+    """The kernel's rule (trace_events_trigger.c: event_triggers_call runs before the event
+    filter discards the event): every hit reaches the triggers, each gated by its own filter;
+    traceoff and stacktrace act after the event."""
+    sizes_with(fs, 8, filter="r > 5", trigger=[
+        "hist:keys=r", "hist:keys=r:sort=r if r > 5", "stacktrace:2 if r >= 2"])
+    hist_all, hist_kept = fs.read("events/kprobes/sz/hist").split("\n\n# event histogram")
+    assert "    Hits: 8\n" in hist_all and "    Hits: 2\n" in hist_kept
+    trace = lines(fs)
+    # two stack traces (r == 2, 3, whose events the filter dropped), then the events r > 5
+    assert [line.split(" ", 1)[0] for line in trace] == ["<stack", "<stack", "sz:", "sz:"]
+    assert [line.rsplit("=", 1)[1] for line in trace[2:]] == ["6", "7"]
+
+
+def test_stack_trace_trigger_follows_its_event(fs):
+    sizes_with(fs, 3, trigger="stacktrace if r == 1")
+    trace = [line.split(" ", 1)[0] for line in lines(fs)]
+    assert trace == ["sz:", "sz:", "<stack", "sz:"]
 
 
 def test_histogram_totals_equal_calls(fs):

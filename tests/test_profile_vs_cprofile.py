@@ -1,4 +1,5 @@
-"""The function profiler counts calls exactly as cProfile does, on a stdlib-heavy program."""
+"""The function profiler counts calls exactly as cProfile does, on a stdlib-heavy program:
+per function (calls and primitive calls) and per caller -> callee edge."""
 
 import cProfile
 import gc
@@ -36,7 +37,33 @@ def test_hits_equal_cprofile_calls_function_by_function(engine):
     extra = set(ours) - set(theirs)
     assert not extra, f"the profiler saw calls cProfile did not: {sorted(extra)[:5]}"
 
+    # primitive (not recursive) calls, function by function
+    prims = {_key(row[1]): row[3] for row in fs.profiler.last.rows()}
+    cstats = pstats.Stats(prof).stats
+    differ = {k: (prims[k], v[0]) for k, v in cstats.items() if k in prims and prims[k] != v[0]}
+    assert not differ, f"primitive calls differ (ours, cProfile's): {sorted(differ.items())[:5]}"
+
+    # caller -> callee edges: where cProfile's callers of a function are all Python functions
+    # rethook saw (a C function between two Python ones is a caller only to cProfile)
+    edges: dict = {}
+    for _tid, caller, code, hit, prim, _total, _self in fs.profiler.last.edges():
+        got = edges.setdefault(_key(code), {}).setdefault(_key(caller), [0, 0])
+        got[0] += hit
+        got[1] += prim
+    compared = 0
+    for callee, (_cc, _nc, _tt, _ct, callers) in cstats.items():
+        if callee not in ours or not all(c in ours for c in callers):
+            continue
+        want = {c: [nc, cc] for c, (nc, cc, _t, _c) in callers.items()}
+        assert edges.get(callee, {}) == want, callee
+        compared += 1
+    assert compared > 30
+
+
+def _key(code):
+    return (code.co_filename, code.co_firstlineno, code.co_name)
+
 
 def _hits(fs):
-    for _tid, code, hit, _time, _sq in fs.profiler.last.rows():
-        yield code, hit
+    for row in fs.profiler.last.rows():
+        yield row[1], row[2]

@@ -453,7 +453,7 @@ DOC = Path(__file__).resolve().parent.parent / "docs" / "trace-format.md"
 
 def doc_example_bytes() -> bytes:
     text = DOC.read_text(encoding="utf-8")
-    block = text.split("## 6. Example", 1)[1].split("```", 2)[1]
+    block = text.split("## 6. Example", 1)[1].split("```", 2)[1].split("\n", 1)[1]  # after "text"
     data = bytearray()
     for line in block.strip().splitlines():
         offset, rest = line.split(None, 1)

@@ -372,6 +372,10 @@ class TraceWriter:
         self._events += events
         return events, complete
 
+    def has_string(self, value: str) -> bool:
+        """Whether ``value`` is in the file's string table (some event holds it)."""
+        return value in self._strings
+
     # -- events ---------------------------------------------------------------------------
 
     def write_events(self, events: Iterable[Event | Lost]) -> int:
@@ -1067,6 +1071,7 @@ class TraceReader:
         """Events in the file (before any damage), counted by a quick pass."""
         return self._complete().events
 
+    @property
     def processes(self) -> dict[int, dict[str, Any]]:
         """Every process of the trace by pid: the recording process first, then the ones whose
         sections were appended (PROC chunks), with ``ppid``, ``how`` (main, fork, spawn,

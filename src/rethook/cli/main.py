@@ -1,8 +1,9 @@
 """The ``rethook`` command line: trace-cmd's commands and flags for Python programs.
 
 ``record``, ``stream`` and ``profile`` run a program (``SCRIPT ARGS`` or ``-m MODULE ARGS``)
-under a trace; ``report`` and ``export`` read a recorded trace file; ``list`` shows tracers,
-options and traceable functions; ``demo`` records and shows a bundled example. See docs/cli.md.
+under a trace; ``report``, ``export``, ``hist`` and ``info`` read a recorded trace file;
+``list`` shows tracers, options and traceable functions; ``demo`` records and shows a bundled
+example. See docs/cli.md.
 
 Exit status: a command that runs a program exits with the program's status (as ``python``
 would); usage errors (bad flags, unknown tracers or options, filters that match nothing, a
@@ -29,6 +30,8 @@ from rethook.cli.args import (
     settings_from,
     trace_options,
 )
+from rethook.cli.exports import EXPORTERS
+from rethook.cli.summaries import check_sort, show_profile
 from rethook.control.tracefs import Tracefs
 from rethook.engine import toolid
 from rethook.printable import printable
@@ -83,6 +86,8 @@ def cli() -> None:
       rethook report                   print it in ftrace's text format
       rethook stream -m pkg.tool       print events live while the program runs
       rethook profile prog.py          function profiler: hits and times per function
+      rethook export --format chrome   for other tools: perfetto, chrome, speedscope, ...
+      rethook info                     how a trace was recorded, what it holds
       rethook list -f 'main*' prog.py  what can be traced
       rethook demo                     record and show a bundled example
 
@@ -244,26 +249,60 @@ def stream(ctx: click.Context, module: str | None, program: tuple[str, ...],
 @trace_options(graph=False)
 @click.option("--per-process", is_flag=True,
               help="With child processes: one table per process instead of one merged table.")
+@click.option("--sort", "sort", metavar="COLUMN", callback=check_sort,
+              help="Sort by COLUMN: hit, total, self, avg, s2, name, file (or cProfile's "
+                   "names: calls, cumtime, tottime, ...). Default: total (self with -O "
+                   "nograph-time).")
+@click.option("--limit", "limit", type=click.IntRange(min=1), metavar="N",
+              help="Print only the first N functions.")
+@click.option("-o", "output", metavar="FILE",
+              help="Write the profile to FILE as pstats (python -m pstats, snakeviz and "
+                   "gprof2dot read it) instead of printing the table.")
 @module_option
 @program_argument
 @click.pass_context
 def profile(ctx: click.Context, module: str | None, program: tuple[str, ...],
-            per_process: bool, **params: Any) -> None:
+            per_process: bool, sort: str | None, limit: int | None, output: str | None,
+            **params: Any) -> None:
     """Run a program under the function profiler and print its table at the end.
 
-    The table (to stdout, after the program's own output) has ftrace's columns: Function,
-    Hit, Time, Avg, s^2, all threads (and followed child processes) merged, longest time
-    first. Time includes the calls a function makes; -O nograph-time gives self time.
-    -O nosleep-time leaves out the time generators and coroutines spent suspended.
+    The table (to stdout, after the program's own output), all threads and followed child
+    processes merged: Function, Hit (calls, each resumption of a generator or coroutine
+    counted, as cProfile counts), Total (inclusive time, recursion counted once), Self (time
+    minus the calls it made), Avg and s^2 (of one call's inclusive time, as the kernel's
+    profiler; self time with -O nograph-time), File:Line. -O nosleep-time leaves out the time
+    generators and coroutines spent suspended. With -o FILE the profile goes to a pstats file
+    instead.
     """
     prog = _program(ctx, module, program)
     settings = settings_from(params, tracer="nop")
     fs, filters = _prepare(ctx, prog, settings, tracer=False)
+    if output is not None and not _writable(output):
+        fs.close()
+        raise click.UsageError(f"-o {output!r}: cannot write there", ctx)
     children = _follow("profile", settings, filters)
-    observer = ProfileObserver(children)
-    observer.per_process = per_process
-    outcome = Session(prog, fs, children).run([observer])
+    graph_time = fs.ctx.options["graph-time"]
+
+    failed = []
+
+    def show(tables: list[tuple[int, list[Any]]], abrupt: bool) -> None:
+        if not show_profile(tables, output=output, sort=sort, limit=limit,
+                            graph_time=graph_time, per_process=per_process, abrupt=abrupt):
+            failed.append(output)
+
+    outcome = Session(prog, fs, children).run([ProfileObserver(children, show=show)])
+    if failed:
+        outcome.exit_code = outcome.exit_code or 1
     _exit(outcome)
+
+
+def _writable(path: str) -> bool:
+    """Whether ``path`` can be written (checked before the program runs; nothing created)."""
+    if os.path.isdir(path):
+        return False
+    if os.path.exists(path):
+        return os.access(path, os.W_OK)
+    return os.access(os.path.dirname(os.path.abspath(path)), os.W_OK | os.X_OK)
 
 
 @cli.command(context_settings=CONTEXT)
@@ -325,17 +364,34 @@ def report(input_: str, options: tuple[str, ...]) -> None:
 @cli.command(context_settings=CONTEXT)
 @click.option("-i", "input_", default="trace.dat", show_default=True, metavar="FILE",
               type=click.Path(exists=True, dir_okay=False), help="The trace file to read.")
-@click.option("--format", "fmt", type=click.Choice(["perfetto", "folded"]), required=True,
-              help="perfetto: a native Perfetto trace (open it in ui.perfetto.dev); "
-                   "folded: folded stacks for flame graphs (flamegraph.pl, speedscope).")
+@click.option("--format", "fmt", type=click.Choice(list(EXPORTERS)), required=True,
+              help="; ".join(f"{name}: {e.help}" for name, e in EXPORTERS.items()) + ".")
 @click.option("-o", "output", default=None, metavar="OUT",
               help="Output file ('-' for stdout). Default: the input's name with "
-                   ".perfetto-trace or .folded.")
-def export(input_: str, fmt: str, output: str | None) -> None:
-    """Convert a trace file for other tools: Perfetto or folded stacks."""
+                   + ", ".join(e.suffix for e in EXPORTERS.values()) + ".")
+@click.option("--per-thread", "per_thread", is_flag=True,
+              help="folded: every stack starts with its thread (name-pid/tid).")
+def export(input_: str, fmt: str, output: str | None, per_thread: bool) -> None:
+    """Convert a trace file for other tools: Perfetto, Chrome's trace viewer, speedscope,
+    flame graphs, pstats."""
     from rethook.cli.reporting import export_file
 
-    sys.exit(export_file(input_, fmt, output))
+    if per_thread and fmt != "folded":
+        raise click.UsageError("--per-thread is for --format folded")
+    sys.exit(export_file(input_, fmt, output, **({"per_thread": True} if per_thread else {})))
+
+
+@cli.command(context_settings=CONTEXT)
+@click.option("-i", "input_", default="trace.dat", show_default=True, metavar="FILE",
+              type=click.Path(exists=True, dir_okay=False), help="The trace file to read.")
+@click.option("--json", "as_json", is_flag=True, help="Print it as JSON.")
+def info(input_: str, as_json: bool) -> None:
+    """Print what a trace file holds: how it was recorded (command, tracer, options, filters,
+    probe events, clock, versions), its processes and threads, events per format, lost
+    events, time span and size."""
+    from rethook.cli.summaries import info_file
+
+    sys.exit(info_file(input_, as_json))
 
 
 @cli.command(context_settings=CONTEXT)

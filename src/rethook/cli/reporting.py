@@ -7,6 +7,7 @@ formats come first from a quick pass that checks chunks without decoding events.
 
 from __future__ import annotations
 
+import importlib
 import os
 import stat
 import sys
@@ -18,6 +19,7 @@ from typing import IO
 import click
 
 from rethook.buffer.tracefile import TraceFileError, TraceFileWarning, TraceReader
+from rethook.cli.exports import EXPORTERS
 from rethook.output.text import FunctionRenderer, Threads, renderer_for
 from rethook.printable import printable, printable_lines
 from rethook.runner.observers import human_size
@@ -26,11 +28,12 @@ from rethook.tracers.base import OPTION_DEFAULTS, OptionError, Options
 #: Lines gathered before one write to stdout.
 WRITE_BATCH = 2048
 
-EXPORT_SUFFIX = {"perfetto": ".perfetto-trace", "folded": ".folded"}
 
 
 def _error(text: str) -> None:
-    click.echo(f"rethook: error: {text}", err=True)
+    from rethook.cli.term import error
+
+    error(text)
 
 
 def _damage_status(damage: TraceFileError | None, path: str) -> int:
@@ -92,7 +95,7 @@ def report_file(path: str, overrides: Iterable[str], out: IO[str] | None = None)
             return 1
         with reader:
             try:
-                _render(reader, overrides, out)
+                _render(reader, overrides, out, _paint(out))
             except BrokenPipeError:
                 # the reader went away (report | head): stop quietly, as cat would
                 devnull = os.open(os.devnull, os.O_WRONLY)
@@ -109,14 +112,23 @@ def report_file(path: str, overrides: Iterable[str], out: IO[str] | None = None)
     return _damage_status(reader.damage, path)
 
 
-def _render(reader: TraceReader, overrides: list[str], out: IO[str]) -> None:
+def _paint(out: IO[str]) -> dict[str, tuple[str, str]] | None:
+    """Colours for the report, when it goes to a colour terminal (cli/term.py)."""
+    from rethook.cli.term import colours, text_paint
+
+    con = colours(out)
+    return text_paint(con) if con is not None else None
+
+
+def _render(reader: TraceReader, overrides: list[str], out: IO[str],
+            paint: dict[str, tuple[str, str]] | None = None) -> None:
     # A quick pass (no event decoding) gives thread names, counts and formats first.
     threads, stats, formats = reader.threads, reader.stats, reader.formats
     meta = reader.meta
     tracer = meta.get("tracer", "function_graph")
     opts = display_options(meta.get("options", {}), overrides)
     renderer = renderer_for(tracer, formats, Threads(threads, reader.thread_pids), opts,
-                            describe=_describer(meta.get("probe_events")))
+                            describe=_describer(meta.get("probe_events")), paint=paint)
     if isinstance(renderer, FunctionRenderer):
         entries = sum(s.get("entries", 0) + s.get("read", 0) for s in stats.values())
         written = sum(s.get("written", 0) for s in stats.values())
@@ -128,13 +140,16 @@ def _render(reader: TraceReader, overrides: list[str], out: IO[str]) -> None:
     write(header)
     lines: list[str] = []
     feed = renderer.feed_ahead
-    # time order across threads; each event with its thread's next (a graph leaf is told
-    # when its entry is due)
-    for ev, nxt in reader.ordered_events(lost=True, lookahead=True):
-        lines.extend(feed(ev, nxt))
-        if len(lines) >= WRITE_BATCH:
-            write("\n".join(lines) + "\n")
-            lines.clear()
+    from rethook.cli.term import progress
+
+    with progress(reader, "report", quiet_stdout=True) as reading:
+        # time order across threads; each event with its thread's next (a graph leaf is told
+        # when its entry is due)
+        for ev, nxt in reading.ordered_events(lost=True, lookahead=True):
+            lines.extend(feed(ev, nxt))
+            if len(lines) >= WRITE_BATCH:
+                write("\n".join(lines) + "\n")
+                lines.clear()
     lines.extend(renderer.flush())
     if lines:
         write("\n".join(lines) + "\n")
@@ -164,36 +179,46 @@ def _replace_when_done(output: str, binary: bool):
     return os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8"})), tmp
 
 
-def export_file(path: str, fmt: str, output: str | None) -> int:
-    """Convert the trace at ``path`` to ``fmt``; returns the exit status."""
+def export_file(path: str, fmt: str, output: str | None, **options: object) -> int:
+    """Convert the trace at ``path`` to ``fmt`` (an EXPORTERS name); ``options`` go to the
+    writer. Returns the exit status."""
+    exporter = EXPORTERS[fmt]
     try:
-        if fmt == "perfetto":
-            from rethook.output.perfetto import write_perfetto as write
-        else:
-            from rethook.output.folded import write_folded as write
+        write = getattr(importlib.import_module(exporter.module), exporter.function)
     except ImportError as e:
         _error(f"the {fmt} exporter is not available ({e})")
         return 1
     if output is None:
-        output = os.path.splitext(path)[0] + EXPORT_SUFFIX[fmt]
-    binary = fmt == "perfetto"
+        output = os.path.splitext(path)[0] + exporter.suffix
+    binary = exporter.binary
     to_stdout = output == "-"
     tmp = None
     reader: TraceReader | None = None
+    from rethook.cli.term import progress
+
     try:
         with warnings.catch_warnings():
             # Not strict: everything before damage is exported; the damage is said at the end.
             warnings.simplefilter("ignore", TraceFileWarning)
             reader = TraceReader(path, strict=False)
             with reader:
-                if to_stdout:
-                    target = sys.stdout.buffer if binary else sys.stdout
-                    count = write(reader, target)
-                    target.flush()
-                else:
-                    f, tmp = _replace_when_done(output, binary)
-                    with f:
-                        count = write(reader, f)
+                if exporter.graph_only:
+                    from rethook.output.slices import is_graph_trace
+
+                    if not is_graph_trace(reader):
+                        _error(f"{path}: --format {fmt} needs a function_graph trace (this one "
+                               f"is {printable(str(reader.meta.get('tracer', 'not')))}'s): "
+                               "record with -p function_graph")
+                        return 1
+                with progress(reader, f"export {fmt}", exporter.passes) as reading:
+                    if to_stdout:
+                        target = sys.stdout.buffer if binary else sys.stdout
+                        count = write(reading, target, **options)
+                        target.flush()
+                    else:
+                        f, tmp = _replace_when_done(output, binary)
+                        with f:
+                            count = write(reading, f, **options)
                 damage = reader.damage
                 readable = reader.event_count if damage is not None else 1
                 if damage is not None and tmp is not None and not readable:
@@ -217,11 +242,11 @@ def export_file(path: str, fmt: str, output: str | None) -> int:
         if tmp is not None:
             os.unlink(tmp)
     if not to_stdout and readable:
-        unit = "packets" if binary else "stacks"
         size = human_size(os.path.getsize(output))
         upto = ", what comes before the damage" if damage is not None and not damage.truncated \
             else ""
-        click.echo(f"rethook: {count:,} {unit} written to {output} ({size}){upto}", err=True)
+        click.echo(f"rethook: {count:,} {exporter.unit} written to {output} ({size}){upto}",
+                   err=True)
     return _damage_status(damage, path)
 
 

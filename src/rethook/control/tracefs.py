@@ -31,7 +31,7 @@ from rethook.probes.fetch import ProbeSyntaxError
 from rethook.tracers import TRACERS
 from rethook.tracers.base import OptionError, TraceContext, Tracer
 from rethook.tracers.commands import Commands
-from rethook.tracers.profiler import FunctionProfiler
+from rethook.tracers.profiler import FunctionProfiler, FunctionStat
 
 
 class TracefsError(ValueError):
@@ -458,11 +458,19 @@ class Tracefs:
         ops = self.profiler.last
         return stat_table(ops.stats(self.ctx.name, tids[index]))
 
-    def profile_table(self) -> str:
-        """All threads' profiles merged (what ``rethook profile`` prints)."""
+    def function_locations(self, named: Callable[[str], bool]) -> dict[str, list]:
+        """``{name: [file, line, qualname]}`` of the known functions whose name ``named``
+        accepts (a trace's META ``functions``: where the functions it names are defined)."""
+        with notrace():
+            return {info.name: [info.filename, info.firstlineno, info.qualname]
+                    for info in self.ctx.registry.functions() if named(info.name)}
+
+    def profile_stats(self) -> list[FunctionStat]:
+        """All threads' profiles merged, with each function's callers (what ``rethook
+        profile`` prints)."""
         with notrace():
             ops = self.profiler.last
-            return stat_table(ops.stats(self.ctx.name) if ops is not None else [])
+            return ops.stats(self.ctx.name) if ops is not None else []
 
     def check_hook(self) -> str | None:
         """Whether another tool took the hook from under the trace (the program freed

@@ -1,4 +1,5 @@
-"""ftrace's duration column: the number format and the overhead marks of function_graph."""
+"""ftrace's duration column: the number format and the overhead marks of function_graph (and
+the colours a terminal shows them in)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,11 @@ MARKS: tuple[tuple[int, str], ...] = (
     (100_000, "!"),  # 100 us
     (10_000, "+"),  # 10 us
 )
+
+
+#: Rich styles of the marks, where a terminal shows colours (cli/term.py).
+MARK_STYLES: dict[str, str] = {"+": "cyan", "!": "yellow", "#": "bold yellow", "*": "red",
+                               "@": "bold red", "$": "bold magenta"}
 
 
 def mark(duration_ns: int) -> str:

@@ -4,29 +4,34 @@ One line per distinct stack, root first, frames joined by ``;``, then a space an
 
     programs.calls.outer;programs.calls.leaf 3
 
-``function_graph`` traces: the stacks are the nesting of calls on each thread (rebuilt by
-:func:`rethook.output.perfetto.slice_events`, so entry-less exits and suspended coroutines are
-handled the same way as in the Perfetto export), and the value is the stack's *self time* in
-microseconds: the time its innermost frame ran, minus its children, summed over every time
-that stack occurred, rounded to the nearest microsecond (halves up) and at least 1 when not
-zero. A suspended generator or coroutine counts only while it runs, under whatever resumed
-it. Calls still open when the trace ends are counted up to their thread's last event.
+``function_graph`` traces: the stacks are those of the trace's call tree
+(:mod:`rethook.output.calltree`, built from :func:`rethook.output.slices.slice_events`, so
+entry-less exits and suspended coroutines are handled the same way as in the Perfetto export),
+and the value is the stack's *self time* in microseconds: the time its innermost frame ran,
+minus its children, summed over every time that stack occurred, rounded to the nearest
+microsecond (halves up) and at least 1 when not zero. A suspended generator or coroutine
+counts only while it runs, under whatever resumed it. Calls still open when the trace ends
+are counted up to their thread's last event.
 
 ``function`` traces record only a function and its caller, not the whole stack, so each line
 is ``caller;function COUNT`` (or ``function COUNT`` without a caller): how many calls the
 trace holds of that function from that caller.
 
-With ``per_thread=True`` every stack starts with the thread's name as its root frame. Lines
-are sorted, so the output of one trace is always the same.
+With ``per_thread=True`` every stack starts with its thread as the root frame, named
+``name-pid/tid`` as ``stackcollapse-perf.pl --tid`` names threads. Lines are sorted, so the
+output of one trace is always the same.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TextIO
 
 from rethook.buffer.events import COMMON_COUNT
 from rethook.buffer.tracefile import TraceReader
-from rethook.output.perfetto import SLICE_BEGIN, SLICE_END, slice_events
+from rethook.output.calltree import build_call_tree
+from rethook.output.info import thread_frame, trace_pid
+from rethook.output.slices import is_graph_trace, slice_events
 from rethook.printable import printable
 
 
@@ -41,54 +46,34 @@ def _micros(ns: int) -> int:
     return us if us or ns <= 0 else 1
 
 
-def _is_graph(reader: TraceReader) -> bool:
-    tracer = reader.meta.get("tracer")
-    if tracer in ("function_graph", "function"):
-        return tracer == "function_graph"
-    names = {f.name for f in reader.formats}
-    return "funcgraph_exit" in names or "funcgraph_entry" in names
+def _thread_frames(reader: TraceReader) -> Callable[[int], str]:
+    """A thread's root frame, by its id."""
+    names = reader.threads
+    pid = trace_pid(reader.meta, names)
+    pids = reader.thread_pids  # a trace of several processes: each thread's own
+    return lambda tid: _frame(thread_frame(names.get(tid, f"tid-{tid}"), pids.get(tid, pid), tid))
 
 
 def _graph_stacks(reader: TraceReader, per_thread: bool) -> dict[tuple[str, ...], int]:
     """Self time in ns per stack."""
-    names = reader.threads
+    tree = build_call_tree(slice_events(reader, close_open=True))
     totals: dict[tuple[str, ...], int] = {}
-    # per thread: open frames as [stack key, begin, time in children]
-    open_: dict[int, list[list]] = {}
-    last: dict[int, int] = {}
-
-    def close(frames: list[list], ts: int) -> None:
-        key, begin, children = frames.pop()
-        spent = ts - begin
-        totals[key] = totals.get(key, 0) + spent - children
-        if frames:
-            frames[-1][2] += spent
-
-    for kind, ts, tid, name, _ in slice_events(reader):
-        last[tid] = ts
-        frames = open_.get(tid)
-        if frames is None:
-            frames = open_[tid] = []
-        if kind == SLICE_BEGIN:
-            if frames:
-                key = (*frames[-1][0], _frame(name))
-            elif per_thread:
-                key = (_frame(names.get(tid, f"tid-{tid}")), _frame(name))
-            else:
-                key = (_frame(name),)
-            frames.append([key, ts, 0])
-        elif kind == SLICE_END:
-            close(frames, ts)
-    for tid, frames in open_.items():
-        while frames:
-            close(frames, last[tid])
+    if per_thread:
+        frame = _thread_frames(reader)
+        roots = [((frame(tid),), root) for tid, root in tree.roots.items()]
+    else:
+        roots = [((), tree.merged())]
+    for above, root in roots:
+        for node, stack in root.walk():
+            key = (*above, *map(_frame, stack))
+            totals[key] = totals.get(key, 0) + node.self_ns
     return totals
 
 
 def _function_stacks(reader: TraceReader, per_thread: bool) -> dict[tuple[str, ...], int]:
     """Call counts per (caller, function)."""
     fid = next((f.id for f in reader.formats if f.name == "function"), None)
-    names = reader.threads
+    frame = _thread_frames(reader)
     counts: dict[tuple[str, ...], int] = {}
     if fid is None:
         return counts
@@ -98,7 +83,7 @@ def _function_stacks(reader: TraceReader, per_thread: bool) -> dict[tuple[str, .
         func, parent = ev[COMMON_COUNT], ev[COMMON_COUNT + 1]
         key = (_frame(parent), _frame(func)) if parent else (_frame(func),)
         if per_thread:
-            key = (_frame(names.get(ev[2], f"tid-{ev[2]}")), *key)
+            key = (frame(ev[2]), *key)
         counts[key] = counts.get(key, 0) + 1
     return counts
 
@@ -106,7 +91,7 @@ def _function_stacks(reader: TraceReader, per_thread: bool) -> dict[tuple[str, .
 def write_folded(reader: TraceReader, out: TextIO, *, per_thread: bool = False) -> int:
     """Write the folded stacks of the trace ``reader`` holds to ``out``; returns the number
     of lines."""
-    if _is_graph(reader):
+    if is_graph_trace(reader):
         values = {key: _micros(ns) for key, ns in _graph_stacks(reader, per_thread).items()}
     else:
         values = _function_stacks(reader, per_thread)

@@ -11,6 +11,10 @@ appearance, and where it prints a task's comm-pid, the thread's name and native 
 several processes shows where it goes from one to another as the kernel shows a context switch
 on a CPU (function_graph's ``=>`` block), and the function tracer's lines carry the process id
 as with the kernel's ``record-tgid`` option.
+
+On a colour terminal the renderers take ``paint``: escape sequences to put around duration
+marks (by mark) and around lost events and exceptions (:data:`PAINTED`); without it, the text
+is the kernel's, character for character.
 """
 
 from __future__ import annotations
@@ -25,6 +29,13 @@ from rethook.tracers.formats import EXIT_RAISED
 
 FLAG_UNFINISHED = 1
 FLAG_CLOSED = 2
+
+#: What ``paint`` may colour besides the duration marks (MARK_STYLES), and the rich styles.
+PAINTED: dict[str, str] = {"lost": "bold red", "raised": "red"}
+
+#: ``{what: (before, after)}``: escape sequences around a mark's duration ("+", "!", ...),
+#: a ``[LOST n EVENTS]`` line ("lost"), an exception's result ("raised").
+Paint = dict[str, tuple[str, str]]
 INDENT = 2  # TRACE_GRAPH_INDENT
 PROCINFO_LENGTH = 14  # TRACE_GRAPH_PROCINFO_LENGTH
 COMM_LEN = 16  # TASK_COMM_LEN
@@ -124,13 +135,22 @@ class _Renderer:
     events that are not their tracer's own (probe events, stack traces)."""
 
     def __init__(self, formats: FormatRegistry, threads: Threads, opts: dict[str, bool],
-                 t0: int = 0, describe: Callable[[Any, tuple], str] | None = None) -> None:
+                 t0: int = 0, describe: Callable[[Any, tuple], str] | None = None,
+                 paint: Paint | None = None) -> None:
         self.formats = formats
         self.threads = threads
         self.opts = opts
         self.t0 = t0
         self.describe = describe or describe_event
         self.ids = {f.name: f.id for f in formats}
+        self.paint = paint
+
+    def _painted(self, what: str, text: str) -> str:
+        style = self.paint.get(what) if self.paint else None
+        return f"{style[0]}{text}{style[1]}" if style else text
+
+    def _lost(self, ev: Lost) -> str:
+        return self._painted("lost", f"CPU:{self.threads.of(ev.tid)} [LOST {ev.count} EVENTS]")
 
     def feed(self, ev: Any) -> Iterator[str]:
         raise NotImplementedError
@@ -145,8 +165,9 @@ class GraphRenderer(_Renderer):
     """Streams function_graph lines (and other events as ``/* comments */``)."""
 
     def __init__(self, formats: FormatRegistry, threads: Threads, opts: dict[str, bool],
-                 t0: int = 0, describe: Callable[[Any, tuple], str] | None = None) -> None:
-        super().__init__(formats, threads, opts, t0, describe)
+                 t0: int = 0, describe: Callable[[Any, tuple], str] | None = None,
+                 paint: Paint | None = None) -> None:
+        super().__init__(formats, threads, opts, t0, describe, paint)
         self.pending: dict[int, tuple] = {}  # tid -> entry that may be a leaf
         self.open: dict[int, list[tuple[int, str]]] = {}  # tid -> printed (depth, func)
         self.depth: dict[int, int] = {}  # tid -> depth of the last graph event (comments)
@@ -165,7 +186,7 @@ class GraphRenderer(_Renderer):
     def feed(self, ev: Any) -> Iterator[str]:
         if isinstance(ev, Lost):
             yield from self._flush_thread(ev.tid)
-            yield f"CPU:{self.threads.of(ev.tid)} [LOST {ev.count} EVENTS]"
+            yield self._lost(ev)
             return
         fid, tid = ev[0], ev[2]
         last = self._last_tid
@@ -239,8 +260,14 @@ class GraphRenderer(_Renderer):
             return ""
         if duration is None:
             return "              |  "
-        sign = f"{mark(duration)} " if self.opts.get("funcgraph-overhead", True) else "  "
-        return f"{sign}{graph_duration(duration)}|  "
+        if not self.opts.get("funcgraph-overhead", True):
+            return f"  {graph_duration(duration)}|  "
+        sym = mark(duration)
+        if self.paint and sym in self.paint:
+            text = graph_duration(duration)
+            spaces = len(text) - len(text.rstrip())
+            return self._painted(sym, f"{sym} {text.rstrip()}") + " " * spaces + "|  "
+        return f"{sym} {graph_duration(duration)}|  "
 
     def _nested(self, ev: tuple) -> str:
         _, ts, tid, depth, func, args = ev
@@ -293,8 +320,10 @@ class GraphRenderer(_Renderer):
         else:
             return ""
         if func is None:  # a leaf: func(); /* ... */
-            return f" /* {what} */"
-        return f" /* {printable(func)} {what} */"
+            text = f" /* {what} */"
+        else:
+            text = f" /* {printable(func)} {what} */"
+        return self._painted("raised", text) if flags & EXIT_RAISED else text
 
     def _overrun(self, overrun: int) -> str:
         return f" (Overruns: {overrun})" if self.opts.get("funcgraph-overrun") else ""
@@ -339,8 +368,9 @@ class FunctionRenderer(_Renderer):
     """Streams ``function`` tracer lines: ``comm-pid [cpu] ts: func <-parent``."""
 
     def __init__(self, formats: FormatRegistry, threads: Threads, opts: dict[str, bool],
-                 t0: int = 0, describe: Callable[[Any, tuple], str] | None = None) -> None:
-        super().__init__(formats, threads, opts, t0, describe)
+                 t0: int = 0, describe: Callable[[Any, tuple], str] | None = None,
+                 paint: Paint | None = None) -> None:
+        super().__init__(formats, threads, opts, t0, describe, paint)
         self.FUNC = self.ids.get("function")
         self.stats = (0, 0)
 
@@ -351,7 +381,7 @@ class FunctionRenderer(_Renderer):
 
     def feed(self, ev: Any) -> Iterator[str]:
         if isinstance(ev, Lost):
-            yield f"CPU:{self.threads.of(ev.tid)} [LOST {ev.count} EVENTS]"
+            yield self._lost(ev)
             return
         fid, ts, tid = ev[0], ev[1], ev[2]
         prefix = context(self.threads, tid, ts - self.t0, self.threads.processes > 1)
@@ -390,12 +420,12 @@ def describer(*extra: Describe) -> Callable[[Any, tuple], str]:
 
 def renderer_for(tracer: str, formats: FormatRegistry, threads: Threads,
                  opts: dict[str, bool], t0: int = 0,
-                 describe: Callable[[Any, tuple], str] | None = None
-                 ) -> GraphRenderer | FunctionRenderer:
+                 describe: Callable[[Any, tuple], str] | None = None,
+                 paint: Paint | None = None) -> GraphRenderer | FunctionRenderer:
     describe = describe or describe_event
     if tracer == "function_graph":
-        return GraphRenderer(formats, threads, opts, t0, describe)
-    return FunctionRenderer(formats, threads, opts, t0, describe)
+        return GraphRenderer(formats, threads, opts, t0, describe, paint)
+    return FunctionRenderer(formats, threads, opts, t0, describe, paint)
 
 
 def render(tracer: str, events: Iterable[Any], formats: FormatRegistry,

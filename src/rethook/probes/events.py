@@ -42,7 +42,12 @@ from rethook.probes.fetch import (
     field_type,
 )
 from rethook.probes.hist import HistTrigger, render_hist_file
-from rethook.probes.triggers import apply_trigger_write, render_trigger_file
+from rethook.probes.triggers import (
+    apply_trigger_write,
+    fire_post,
+    fire_triggers,
+    render_trigger_file,
+)
 from rethook.tracers.base import TraceContext
 from rethook.tracers.formats import FIRST_DYNAMIC_ID, STACKTRACE
 from rethook.tracers.function import stack_text
@@ -189,15 +194,23 @@ class ProbeEvent:
     # --- one hit ---------------------------------------------------------------------------
     def record(self, t: int, func: str, caller: str, line: int, values: tuple,
                exc: BaseException | None, append: Any, tid: int) -> None:
-        """Filter, triggers, then the event into the buffer (``append`` of this thread's)."""
+        """Triggers, filter, then the event into the buffer (``append`` of this thread's),
+        in the kernel's order: the triggers see every hit, the filter decides only whether
+        the event is recorded, and post triggers act after it (triggers.fire_triggers)."""
         if self.filter is not None or self.triggers:
             named = dict(zip(self.plan.names, values, strict=True))
             named["comm"] = threading.current_thread().name
             named["common_pid"] = threading.get_native_id()
-            for trig in self.triggers:
-                trig.fire(named, self.actions)
-            if self.filter is not None and not self.filter.match(named):
-                return
+            post = fire_triggers(self.triggers, named, self.actions) if self.triggers else ()
+            if self.filter is None or self.filter.match(named):
+                self._commit(t, func, caller, line, values, exc, append, tid)
+            if post:
+                fire_post(post, self.actions)
+            return
+        self._commit(t, func, caller, line, values, exc, append, tid)
+
+    def _commit(self, t: int, func: str, caller: str, line: int, values: tuple,
+                exc: BaseException | None, append: Any, tid: int) -> None:
         if exc is None and FAULT not in values:
             append((self.format.id, t, tid, func, caller, line, 0, "", *values))
             return

@@ -274,6 +274,8 @@ class HistTrigger:
     command = "hist"
     trigger_type = "hist"
     count = None
+    post = False  # acts when the event is hit, before it is committed
+    needs_record = True  # keys and vals are the event's fields
 
     def __init__(self, keys: Sequence[HistField], vals: Sequence[HistField],
                  sort: Sequence[SortKey], size: int = DEFAULT_SIZE, name: str | None = None,

@@ -20,9 +20,20 @@ Writing a trigger (what the ``trigger`` file does)::
 - new non-hist triggers go to the head of the list, hist triggers to the tail (the kernel's
   ``list_add_rcu``/``list_add_tail_rcu``), which is the ``trigger`` file's order.
 
-Firing, for every event hit, every trigger in the list::
+Firing, for every event hit, in the kernel's order (``trace_events_trigger.c``,
+``event_triggers_call`` and ``event_triggers_post_call``)::
 
-    for t in triggers: t.fire(values, actions)
+    post = fire_triggers(triggers, values, actions)   # before the event is committed
+    ...the event's own filter decides whether the event is recorded...
+    fire_post(post, actions)                           # after, recorded or not
+
+The event's filter never gates its triggers: every hit reaches them, and each is gated by its
+own ``if`` filter only (the kernel calls the triggers, then checks the event filter to
+discard the event). When some trigger needs the record (a ``hist`` trigger, or one with an
+``if`` filter), ``traceoff`` and ``stacktrace`` are post triggers: their filter is checked
+with the others, but they act after the event, so the event that turns tracing off is
+recorded, and a stack trace follows its event. When none does, every trigger acts before the
+event, as the kernel's unconditional call does.
 
 ``fire`` checks the trigger's ``if`` filter first, then the count. ``actions`` is the
 caller's ``TriggerActions``: ``traceon``/``traceoff`` act only when they change the state, and
@@ -60,6 +71,8 @@ __all__ = [
     "TriggerActions",
     "TriggerRemoval",
     "apply_trigger_write",
+    "fire_post",
+    "fire_triggers",
     "parse_trigger",
     "render_hist_file",
     "render_trigger_file",
@@ -130,11 +143,29 @@ class CommandTrigger:
             f"{self.command}:count={self.count}"
         return head if self.filter is None else f"{head} if {self.filter.text}"
 
-    def fire(self, values: Mapping[str, Any], actions: TriggerActions) -> None:
-        """Run the trigger for one event hit."""
+    @property
+    def post(self) -> bool:
+        """Acts after the event is committed when the record is needed (the kernel's
+        EVENT_CMD_FL_POST_TRIGGER: traceoff, stacktrace)."""
+        return self.command != "traceon"
+
+    @property
+    def needs_record(self) -> bool:
+        """Reads the event's fields (an ``if`` filter)."""
+        return self.filter is not None
+
+    def matches(self, values: Mapping[str, Any]) -> bool:
+        """Whether the trigger's own ``if`` filter accepts the hit (no filter: always)."""
         f = self.filter
-        if f is not None and not f.match(values):
-            return
+        return f is None or f.match(values)
+
+    def fire(self, values: Mapping[str, Any], actions: TriggerActions) -> None:
+        """Run the trigger for one event hit: its filter, then :meth:`act`."""
+        if self.matches(values):
+            self.act(actions)
+
+    def act(self, actions: TriggerActions) -> None:
+        """The command itself, its count permitting."""
         cmd = self.command
         if cmd == "stacktrace":
             if self.count is not None:
@@ -160,6 +191,29 @@ class CommandTrigger:
 
 
 Trigger = CommandTrigger | HistTrigger
+
+
+def fire_triggers(triggers: Sequence[Trigger], values: Mapping[str, Any],
+                  actions: TriggerActions) -> list[CommandTrigger]:
+    """One event hit, before the event is committed: every trigger not deferred fires; the
+    post triggers whose filter accepts the hit are returned, for :func:`fire_post`."""
+    if not any(t.needs_record for t in triggers):
+        for t in triggers:  # nothing reads the record: all act now, unconditionally
+            t.fire(values, actions)
+        return []
+    post = []
+    for t in triggers:
+        if not t.post:
+            t.fire(values, actions)
+        elif t.matches(values):
+            post.append(t)
+    return post
+
+
+def fire_post(post: Sequence[CommandTrigger], actions: TriggerActions) -> None:
+    """The post triggers of one hit, after its event was committed (or discarded)."""
+    for t in post:
+        t.act(actions)
 
 
 class TriggerRemoval:

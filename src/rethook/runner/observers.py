@@ -311,6 +311,8 @@ class Recorder(_Drain):
                          if e.read_hist()}
                 if hists:  # histograms live in the trace instance: keep them with the trace
                     writer.set_meta("histograms", hists)
+                # where the functions the trace names are defined (pstats, speedscope)
+                writer.set_meta("functions", fs.function_locations(writer.has_string))
                 if self.sections is not None:
                     self.notes = self.sections(writer)
                 writer.close()
@@ -496,22 +498,26 @@ def _streamed(fs: Tracefs) -> str:
 
 
 class ProfileObserver(Observer):
-    """Turns the function profiler on for the run (``rethook profile``) and prints its table;
-    with ``children``, the followed processes' tables merged in. In a child process (``save``:
-    its ``PID.profile`` file) it saves its own table instead, and in a fork child only what
-    was counted since the fork (the parent's counts up to then are the parent's)."""
+    """Turns the function profiler on for the run (``rethook profile``) and hands its table
+    to ``show`` at the end; with ``children``, the followed processes' tables too. In a child
+    process (``save``: its ``PID.profile`` file) it saves its own table instead, and in a fork
+    child only what was counted since the fork (the parent's counts up to then are the
+    parent's).
 
-    def __init__(self, children: Any = None, save: str | None = None,
-                 forked: bool = False) -> None:
+    ``show(tables, abrupt)`` gets ``[(pid, stats), ...]``, this process first."""
+
+    def __init__(self, children: Any = None, save: str | None = None, forked: bool = False,
+                 show: Callable[[list[tuple[int, list[Any]]], bool], None] | None = None
+                 ) -> None:
         self.children = children
         self.save = save
         self.forked = forked
-        self._baseline: dict[str, tuple[int, int, int]] = {}
-        self.per_process = False
+        self.show = show
+        self._baseline: list[Any] = []
 
     def start(self, fs: Tracefs) -> None:
         if self.forked:
-            self._baseline = {s.name: (s.hit, s.time_ns, s.time_sq) for s in _stats(fs)}
+            self._baseline = fs.profile_stats()
             return
         fs.write("function_profile_enabled", "1")
 
@@ -519,46 +525,28 @@ class ProfileObserver(Observer):
         fs.write("function_profile_enabled", "0")
         if self.save is None:
             return
-        rows = []
-        for s in _stats(fs):
-            hit, time_ns, time_sq = self._baseline.get(s.name, (0, 0, 0))
-            if s.hit - hit:
-                rows.append([s.name, s.hit - hit, s.time_ns - time_ns, s.time_sq - time_sq])
+        from rethook.tracers.profiler import add_stats, stat_row
+
+        table: dict[str, Any] = {}
+        add_stats(table, fs.profile_stats())
+        add_stats(table, self._baseline, -1)
+        rows = [stat_row(st) for st in table.values() if st.hit]
         with open(self.save, "w", encoding="utf-8") as f:
             json.dump({"pid": os.getpid(), "argv": sys.argv, "rows": rows}, f)
 
     def report(self, fs: Tracefs, abrupt: bool) -> None:
-        if self.save is not None:
+        if self.save is not None or self.show is None:
             return
-        from rethook.output.text import stat_table
-        from rethook.tracers.profiler import FunctionStat
+        from rethook.tracers.profiler import stat_from_row
 
-        tables = [(os.getpid(), _stats(fs))]
+        tables = [(os.getpid(), fs.profile_stats())]
         if self.children is not None:
             for pid, rows in self.children.profiles():
-                tables.append((pid, [FunctionStat(*row) for row in rows]))
-        if self.per_process and len(tables) > 1:
-            text = "".join(f"# process {pid}\n{stat_table(_sorted(stats))}\n"
-                           for pid, stats in tables)
-        else:
-            merged: dict[str, list[int]] = {}
-            for _pid, stats in tables:
-                for st in stats:
-                    row = merged.setdefault(st.name, [0, 0, 0])
-                    row[0] += st.hit
-                    row[1] += st.time_ns
-                    row[2] += st.time_sq
-            text = stat_table(_sorted([FunctionStat(n, *r) for n, r in merged.items()]))
-        emit(1, text, abrupt, end="")
-
-
-def _stats(fs: Tracefs) -> list[Any]:
-    ops = fs.profiler.last
-    return ops.stats(fs.ctx.name) if ops is not None else []
-
-
-def _sorted(stats: list[Any]) -> list[Any]:
-    return sorted(stats, key=lambda s: (-s.time_ns, -s.hit, s.name))
+                try:
+                    tables.append((pid, [stat_from_row(row) for row in rows]))
+                except (TypeError, ValueError):  # a file cut short by the child's end
+                    continue
+        self.show(tables, abrupt)
 
 
 def emit(fd: int, text: str, abrupt: bool, end: str = "\n") -> None:
@@ -609,6 +597,8 @@ def trace_meta(fs: Tracefs, program: Program, filters: list[str],
         "notrace": list(settings.notrace),
         "graph_function": list(settings.graph_functions),
         "graph_notrace": list(settings.graph_notrace),
+        "event_filters": dict(settings.event_filters),
+        "event_triggers": dict(settings.event_triggers),
     }
     meta.update(process_meta(fs))
     return meta

@@ -12,10 +12,13 @@
  *   KIND_FUNCTION  func(code, frame): an RH_FUNCTION record (function and caller)
  *   KIND_GRAPH     function_graph: entry/exit/suspend/resume records, set_graph_function,
  *                  set_graph_notrace, max_graph_depth, tracing_thresh, sleep-time
- *   KIND_PROFILE   the function profiler: per thread, per code: hits, time, time^2; with
- *                  graph-time off a call's children's time is subtracted (its parent is found
- *                  on the user's own per-thread stack of open calls, which mirrors this
- *                  user's claims on the engine's shadow stack)
+ *   KIND_PROFILE   the function profiler: per thread, per code: hits, time, time^2 (the
+ *                  kernel's columns; with graph-time off a call's children's time is
+ *                  subtracted), and the columns cProfile has: calls not inside another call
+ *                  of the same function (prim), their inclusive time (total), self time; and
+ *                  the same per caller -> callee edge. A call's parent is found on the user's
+ *                  own per-thread stack of open calls, which mirrors this user's claims on the
+ *                  engine's shadow stack.
  *
  * Per-thread state (TState) is found through a small cache indexed by the PyThreadState's
  * address and checked against its unique id; it lives as long as the user. A call's entry data
@@ -67,13 +70,19 @@ now_ns(void)
 }
 
 /* ---------------------------------------------------------------------------------------- */
-/* Profiler rows: per thread, an open-addressing table of Row pointers keyed by code address. */
+/* Profiler rows: per thread, open-addressing tables of Row pointers keyed by code address: one
+ * row per function (caller NULL), and one per caller -> callee edge. */
 
 typedef struct {
-    PyObject *code; /* owned */
-    long long hit;
-    long long time;
+    PyObject *code;   /* owned */
+    PyObject *caller; /* owned: the calling function of an edge; NULL for a function's row */
+    long long hit;    /* calls and resumptions (cProfile's ncalls) */
+    long long prim;   /* of those, made with no other call of code (of this edge) on the stack */
+    long long time;   /* the kernel's Time: inclusive with graph-time on, self time with it off */
     unsigned __int128 sq; /* sum of squared times: a 3 s call squared overflows 64 bits */
+    long long total;  /* inclusive time of the calls that were prim at entry (cProfile's ct) */
+    long long self;   /* time minus the children's (cProfile's tt) */
+    long active;      /* calls of code (of this edge) on the thread's stack now */
 } Row;
 
 typedef struct {
@@ -91,6 +100,12 @@ hash_ptr(const void *p)
     return (size_t)(x >> 29);
 }
 
+static inline size_t
+hash_row(const void *code, const void *caller)
+{
+    return hash_ptr(code) ^ (hash_ptr(caller) * 31);
+}
+
 static int
 rows_grow(RowTable *t)
 {
@@ -104,7 +119,7 @@ rows_grow(RowTable *t)
         Row *r = t->slots[i];
         if (r == NULL)
             continue;
-        size_t j = hash_ptr(r->code) & (size - 1);
+        size_t j = hash_row(r->code, r->caller) & (size - 1);
         while (slots[j] != NULL)
             j = (j + 1) & (size - 1);
         slots[j] = r;
@@ -115,15 +130,16 @@ rows_grow(RowTable *t)
     return 0;
 }
 
-/* The row of code, created on first use (NULL with an error set on failure). */
+/* The row of code (of the edge caller -> code), created on first use (NULL with an error set
+ * on failure). */
 static inline Row *
-row_of(RowTable *t, PyObject *code)
+row_of(RowTable *t, PyObject *code, PyObject *caller)
 {
     if (t->size) {
-        size_t j = hash_ptr(code) & (t->size - 1);
+        size_t j = hash_row(code, caller) & (t->size - 1);
         Row *r;
         while ((r = t->slots[j]) != NULL) {
-            if (r->code == code)
+            if (r->code == code && r->caller == caller)
                 return r;
             j = (j + 1) & (t->size - 1);
         }
@@ -136,7 +152,8 @@ row_of(RowTable *t, PyObject *code)
         return NULL;
     }
     r->code = Py_NewRef(code);
-    size_t j = hash_ptr(code) & (t->size - 1);
+    r->caller = Py_XNewRef(caller);
+    size_t j = hash_row(code, caller) & (t->size - 1);
     while (t->slots[j] != NULL)
         j = (j + 1) & (t->size - 1);
     t->slots[j] = r;
@@ -150,6 +167,7 @@ rows_free(RowTable *t)
     for (size_t i = 0; i < t->size; i++) {
         if (t->slots[i] != NULL) {
             Py_DECREF(t->slots[i]->code);
+            Py_XDECREF(t->slots[i]->caller);
             PyMem_Free(t->slots[i]);
         }
     }
@@ -183,7 +201,8 @@ typedef struct TState {
     unsigned long ident;   /* threading.get_ident() of the thread (ThreadState.tid) */
     DCall *dstack;         /* graph: calls claimed through direct entry (fgraph_direct.h) */
     Py_ssize_t ndstack, capdstack;
-    RowTable rows;         /* profiler */
+    RowTable rows;         /* profiler: per function */
+    RowTable edges;        /* profiler: per caller -> callee */
     NCall **stack;         /* profiler: this user's open calls on this thread (borrowed) */
     Py_ssize_t nstack, capstack;
 } TState;
@@ -220,9 +239,16 @@ struct NCall {
     long d;        /* graph: depth */
     int kind;      /* graph: CALL_* */
     int in_stack;  /* profiler: on st->stack */
+    int prim;      /* profiler: PRIM_* of the entry (what its time counts in) */
     long long child; /* profiler: children's time */
     Row *row;      /* profiler: the row of the thread that made the call */
+    Row *edge;     /* profiler: the edge it was called through (NULL: no caller) */
+    Row *arow;     /* profiler: the rows whose active count holds the call while on a stack */
+    Row *aedge;
 };
+
+/* NCall.prim: the entry was not inside another call of the function, of the edge. */
+enum { PRIM_ROW = 1, PRIM_EDGE = 2 };
 
 static PyTypeObject NCall_Type;
 static PyTypeObject NUser_Type;
@@ -230,7 +256,7 @@ static PyTypeObject NUser_Type;
 static NCall *ncall_free[NCALL_FREELIST];
 static int ncall_nfree;
 
-static void stack_remove(TState *st, NCall *c, NCall **parent);
+static void prof_leave(NCall *c, NCall **parent);
 
 static NCall *
 ncall_new(NUser *u, TState *st)
@@ -250,8 +276,9 @@ ncall_new(NUser *u, TState *st)
     c->d = 0;
     c->kind = CALL_RECORD;
     c->in_stack = 0;
+    c->prim = 0;
     c->child = 0;
-    c->row = NULL;
+    c->row = c->edge = c->arow = c->aedge = NULL;
     return c;
 }
 
@@ -259,7 +286,7 @@ static void
 NCall_dealloc(NCall *c)
 {
     if (c->in_stack) /* dropped without a return (the engine lost it): never dangle */
-        stack_remove(c->st, c, NULL);
+        prof_leave(c, NULL);
     NUser *u = c->user;
     if (ncall_nfree < NCALL_FREELIST)
         ncall_free[ncall_nfree++] = c;
@@ -774,6 +801,56 @@ graph_resume(NUser *u, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
+/* profiler: c goes on top of st's stack, under the call on top (its caller): a hit for code's
+ * row and for the caller -> code edge, prim when no call of code (of that edge) is on the
+ * stack already. Returns the PRIM_* bits, or -1 with an error set. */
+static int
+prof_enter(TState *st, NCall *c, PyObject *code)
+{
+    Row *row = row_of(&st->rows, code, NULL);
+    if (row == NULL)
+        return -1;
+    Row *edge = NULL;
+    if (st->nstack) {
+        edge = row_of(&st->edges, code, st->stack[st->nstack - 1]->arow->code);
+        if (edge == NULL)
+            return -1;
+    }
+    if (stack_push(st, c) < 0)
+        return -1;
+    int prim = 0;
+    row->hit++;
+    if (row->active++ == 0) {
+        row->prim++;
+        prim |= PRIM_ROW;
+    }
+    if (edge != NULL) {
+        edge->hit++;
+        if (edge->active++ == 0) {
+            edge->prim++;
+            prim |= PRIM_EDGE;
+        }
+    }
+    c->arow = row;
+    c->aedge = edge;
+    return prim;
+}
+
+/* profiler: c leaves its thread's stack (suspended, returned, or dropped); *parent gets the
+ * open call below it (or NULL). */
+static void
+prof_leave(NCall *c, NCall **parent)
+{
+    if (parent != NULL)
+        *parent = NULL;
+    if (!c->in_stack)
+        return;
+    stack_remove(c->st, c, parent);
+    c->arow->active--;
+    if (c->aedge != NULL)
+        c->aedge->active--;
+}
+
 /* profiler: entryfunc(code, frame, depth, t) -> NCall */
 static PyObject *
 prof_entry(NUser *u, PyObject *const *args, Py_ssize_t nargs)
@@ -783,22 +860,22 @@ prof_entry(NUser *u, PyObject *const *args, Py_ssize_t nargs)
     TState *st = tstate_of(u);
     if (st == NULL)
         return NULL;
-    Row *row = row_of(&st->rows, args[0]);
-    if (row == NULL)
-        return NULL;
     NCall *c = ncall_new(u, st);
     if (c == NULL)
         return NULL;
-    if (stack_push(st, c) < 0) {
+    int prim = prof_enter(st, c, args[0]);
+    if (prim < 0) {
         Py_DECREF(c);
         return NULL;
     }
-    row->hit++;
-    c->row = row;
+    c->prim = prim;
+    c->row = c->arow;
+    c->edge = c->aedge;
     return (PyObject *)c;
 }
 
-/* profiler: resumefunc: a resume is a hit, as in cProfile */
+/* profiler: resumefunc: a resume is a hit, as in cProfile, of the function and of the edge
+ * from whatever resumed it */
 static PyObject *
 prof_resume(NUser *u, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -808,15 +885,10 @@ prof_resume(NUser *u, PyObject *const *args, Py_ssize_t nargs)
     TState *st = tstate_of(u);
     if (st == NULL)
         return NULL;
-    Row *row = row_of(&st->rows, args[0]);
-    if (row == NULL)
-        return NULL;
-    if (c->in_stack)
-        stack_remove(c->st, c, NULL);
+    prof_leave(c, NULL);
     c->st = st;
-    if (stack_push(st, c) < 0)
+    if (prof_enter(st, c, args[0]) < 0)
         return NULL;
-    row->hit++;
     Py_RETURN_NONE;
 }
 
@@ -827,12 +899,11 @@ prof_suspend(NUser *u, PyObject *const *args, Py_ssize_t nargs)
     NCall *c = call_arg(u, "suspendfunc", args, nargs, 5);
     if (c == NULL)
         return NULL;
-    if (c->in_stack)
-        stack_remove(c->st, c, NULL);
+    prof_leave(c, NULL);
     Py_RETURN_NONE;
 }
 
-/* profiler: retfunc: time to the call's row, and to its parent's children's time */
+/* profiler: retfunc: time to the call's row and edge, and to its parent's children's time */
 static PyObject *
 prof_return(NUser *u, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -843,15 +914,24 @@ prof_return(NUser *u, PyObject *const *args, Py_ssize_t nargs)
     if (as_i64(args[6], &t0) < 0 || as_i64(args[7], &t1) < 0 || as_i64(args[8], &sleep) < 0)
         return NULL;
     long long total = u->sleep_time ? t1 - t0 : t1 - t0 - sleep;
-    NCall *parent = NULL;
-    if (c->in_stack)
-        stack_remove(c->st, c, &parent);
+    NCall *parent;
+    prof_leave(c, &parent);
     if (parent != NULL)
         parent->child += total;
-    long long spent = u->graph_time ? total : total - c->child;
-    c->row->time += spent;
+    long long self = total - c->child;
+    long long spent = u->graph_time ? total : self;
+    Row *row = c->row;
+    row->time += spent;
     __int128 s = spent;
-    c->row->sq += (unsigned __int128)(s * s);
+    row->sq += (unsigned __int128)(s * s);
+    row->self += self;
+    if (c->prim & PRIM_ROW)
+        row->total += total;
+    if (c->edge != NULL) {
+        c->edge->self += self;
+        if (c->prim & PRIM_EDGE)
+            c->edge->total += total;
+    }
     Py_RETURN_NONE;
 }
 
@@ -950,6 +1030,7 @@ NUser_dealloc(NUser *u)
         TState *next = st->next;
         Py_XDECREF(st->ring);
         rows_free(&st->rows);
+        rows_free(&st->edges);
         PyMem_Free(st->stack); /* empty: every NCall holds its user */
         PyMem_Free(st->dstack);
         PyMem_Free(st);
@@ -999,31 +1080,47 @@ NUser_handler_method(NUser *u, PyObject *name)
     return NUser_handler(u, name);
 }
 
-/* rows() -> [(tid, code, hit, time_ns, time_sq)]: the profiler's numbers, every thread. */
 static PyObject *
-NUser_rows(NUser *u, PyObject *Py_UNUSED(ignored))
+u128_long(unsigned __int128 v)
+{
+    PyObject *hi = PyLong_FromUnsignedLongLong((unsigned long long)(v >> 64));
+    PyObject *lo = PyLong_FromUnsignedLongLong((unsigned long long)v);
+    PyObject *shift = PyLong_FromLong(64);
+    PyObject *sh = hi && shift ? PyNumber_Lshift(hi, shift) : NULL;
+    PyObject *out = sh && lo ? PyNumber_Or(sh, lo) : NULL;
+    Py_XDECREF(hi);
+    Py_XDECREF(lo);
+    Py_XDECREF(shift);
+    Py_XDECREF(sh);
+    return out;
+}
+
+/* The rows of one table of every thread, as tuples: (tid, code, hit, prim, time, time_sq,
+ * total, self) for functions, (tid, caller, code, hit, prim, total, self) for edges. */
+static PyObject *
+table_rows(NUser *u, int edges)
 {
     PyObject *out = PyList_New(0);
     if (out == NULL)
         return NULL;
     for (TState *st = u->states; st != NULL; st = st->next) {
-        for (size_t i = 0; i < st->rows.size; i++) {
-            Row *r = st->rows.slots[i];
+        RowTable *t = edges ? &st->edges : &st->rows;
+        for (size_t i = 0; i < t->size; i++) {
+            Row *r = t->slots[i];
             if (r == NULL)
                 continue;
-            PyObject *hi = PyLong_FromUnsignedLongLong((unsigned long long)(r->sq >> 64));
-            PyObject *lo = PyLong_FromUnsignedLongLong((unsigned long long)r->sq);
-            PyObject *shift = PyLong_FromLong(64);
-            PyObject *sh = hi && shift ? PyNumber_Lshift(hi, shift) : NULL;
-            PyObject *sq = sh && lo ? PyNumber_Or(sh, lo) : NULL;
-            Py_XDECREF(hi);
-            Py_XDECREF(lo);
-            Py_XDECREF(shift);
-            Py_XDECREF(sh);
-            PyObject *item = sq ? Py_BuildValue("(kOLLO)", st->tid, r->code, r->hit, r->time,
-                                                sq)
-                                : NULL;
-            Py_XDECREF(sq);
+            PyObject *item;
+            if (edges) {
+                item = Py_BuildValue("(kOOLLLL)", st->tid, r->caller, r->code, r->hit, r->prim,
+                                     r->total, r->self);
+            }
+            else {
+                PyObject *sq = u128_long(r->sq);
+                item = sq ? Py_BuildValue("(kOLLLOLL)", st->tid, r->code, r->hit, r->prim,
+                                          r->time, sq, r->total, r->self)
+                          : NULL;
+                Py_XDECREF(sq);
+            }
             if (item == NULL || PyList_Append(out, item) < 0) {
                 Py_XDECREF(item);
                 Py_DECREF(out);
@@ -1033,6 +1130,18 @@ NUser_rows(NUser *u, PyObject *Py_UNUSED(ignored))
         }
     }
     return out;
+}
+
+static PyObject *
+NUser_rows(NUser *u, PyObject *Py_UNUSED(ignored))
+{
+    return table_rows(u, 0);
+}
+
+static PyObject *
+NUser_edges(NUser *u, PyObject *Py_UNUSED(ignored))
+{
+    return table_rows(u, 1);
 }
 
 /* threads() -> [tid]: the threads this user has seen, oldest first. */
@@ -1077,7 +1186,11 @@ static PyMethodDef NUser_methods[] = {
      "handler(name): the bound C handler ('entryfunc', 'retfunc', 'suspendfunc', "
      "'resumefunc', or 'func' for the function user)."},
     {"rows", (PyCFunction)NUser_rows, METH_NOARGS,
-     "rows() -> [(tid, code, hit, time_ns, time_sq_ns)]: the profiler's counts."},
+     "rows() -> [(tid, code, hit, prim, time_ns, time_sq_ns, total_ns, self_ns)]: the "
+     "profiler's counts per function."},
+    {"edges", (PyCFunction)NUser_edges, METH_NOARGS,
+     "edges() -> [(tid, caller, code, hit, prim, total_ns, self_ns)]: the profiler's counts "
+     "per caller -> callee."},
     {"threads", (PyCFunction)NUser_threads, METH_NOARGS,
      "threads() -> [tid]: threads this user has seen."},
     {NULL},
