@@ -1,8 +1,9 @@
 """The ``rethook`` command line: trace-cmd's commands and flags for Python programs.
 
 ``record``, ``stream`` and ``profile`` run a program (``SCRIPT ARGS`` or ``-m MODULE ARGS``)
-under a trace; ``report`` and ``export`` read a recorded trace file; ``list`` shows tracers,
-options and traceable functions; ``demo`` records and shows a bundled example. See docs/cli.md.
+under a trace; ``report``, ``export`` and ``view`` read a recorded trace file; ``list`` shows
+tracers, options and traceable functions; ``demo`` records and shows a bundled example. See
+docs/cli.md.
 
 Exit status: a command that runs a program exits with the program's status (as ``python``
 would); usage errors (bad flags, unknown tracers or options, filters that match nothing, a
@@ -85,6 +86,7 @@ def cli() -> None:
     \b
       rethook record prog.py ARGS      record a function_graph trace into trace.dat
       rethook report                   print it in ftrace's text format
+      rethook view                     write it as an HTML page to open in a browser
       rethook stream -m pkg.tool       print events live while the program runs
       rethook profile prog.py          function profiler: hits and times per function
       rethook list -f 'main*' prog.py  what can be traced
@@ -318,17 +320,45 @@ def report(input_: str, options: tuple[str, ...]) -> None:
 @cli.command(context_settings=CONTEXT)
 @click.option("-i", "input_", default="trace.dat", show_default=True, metavar="FILE",
               type=click.Path(exists=True, dir_okay=False), help="The trace file to read.")
-@click.option("--format", "fmt", type=click.Choice(["perfetto", "folded"]), required=True,
+@click.option("--format", "fmt", type=click.Choice(["perfetto", "folded", "html"]),
+              required=True,
               help="perfetto: a native Perfetto trace (open it in ui.perfetto.dev); "
-                   "folded: folded stacks for flame graphs (flamegraph.pl, speedscope).")
+                   "folded: folded stacks for flame graphs (flamegraph.pl, speedscope); "
+                   "html: the page 'rethook view' writes.")
 @click.option("-o", "output", default=None, metavar="OUT",
               help="Output file ('-' for stdout). Default: the input's name with "
-                   ".perfetto-trace or .folded.")
+                   ".perfetto-trace, .folded or .html.")
 def export(input_: str, fmt: str, output: str | None) -> None:
-    """Convert a trace file for other tools: Perfetto or folded stacks."""
+    """Convert a trace file for other tools: Perfetto, folded stacks or an HTML page."""
     from rethook.cli.reporting import export_file
 
     sys.exit(export_file(input_, fmt, output))
+
+
+@cli.command(context_settings=CONTEXT)
+@click.option("-i", "input_", default="trace.dat", show_default=True, metavar="FILE",
+              type=click.Path(exists=True, dir_okay=False), help="The trace file to read.")
+@click.option("-o", "output", default=None, metavar="OUT",
+              help="The page to write ('-' for stdout). Default: the input's name with .html.")
+@click.option("--open", "open_page", is_flag=True,
+              help="Open the page in a web browser once written.")
+@click.option("--max-calls", type=click.IntRange(1, 50_000_000), default=None, metavar="N",
+              help="Calls the timeline shows before it keeps only the longest (default "
+                   "400,000); the flame graph counts every call whatever N is.")
+def view(input_: str, output: str | None, open_page: bool, max_calls: int | None) -> None:
+    """Write a trace as one self-contained HTML page (trace.html) to open in a browser.
+
+    The page has a timeline per process and thread (calls as nested slices, probe events as
+    markers), a flame graph and an icicle of the calls, the probe histograms and the trace's
+    metadata, with zoom and search. It needs no network: everything is inside the file.
+    Traces with more calls than --max-calls are aggregated (said on the page and here);
+    'rethook export --format perfetto' keeps every event.
+    """
+    from rethook.cli.viewing import view_file
+    from rethook.output.html import DEFAULT_MAX_SLICES
+
+    sys.exit(view_file(input_, output, open_page=open_page,
+                       max_slices=max_calls or DEFAULT_MAX_SLICES))
 
 
 @cli.command(context_settings=CONTEXT)

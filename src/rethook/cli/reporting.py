@@ -118,6 +118,10 @@ def _render(reader: TraceReader, overrides: list[str], out: IO[str]) -> None:
 
 def export_file(path: str, fmt: str, output: str | None) -> int:
     """Convert the trace at ``path`` to ``fmt``; returns the exit status."""
+    if fmt == "html":
+        from rethook.cli.viewing import view_file
+
+        return view_file(path, output)
     try:
         if fmt == "perfetto":
             from rethook.output.perfetto import write_perfetto as write
