@@ -236,6 +236,7 @@ class _Builder:
         self.kept = 0  # slices on the timeline now
         self.marker_stride = 1  # keep every marker_stride-th marker
         self.markers_seen = 0
+        self.markers_kept = 0  # markers on the timeline now
         self.tracks: dict[tuple[int, int], _Track] = {}
         self.processes: dict[int, int] = {}  # pid -> call-tree node
         self.tree = _Tree(self.strings.id("all"))
@@ -362,16 +363,19 @@ class _Builder:
         name_col.append(sid(name))
         info_col.append(sid(_details(ann)) + 1 if ann else 0)
         kind_col.append(kind)
-        if len(ts_col) > 2 * self.max_markers:
+        self.markers_kept += 1
+        if self.markers_kept > 2 * self.max_markers:
             self.thin()
 
     def thin(self) -> None:
         """Keep every other marker (lost markers stay), from here on every 2k-th."""
         self.marker_stride *= 2
+        self.markers_kept = 0
         for tr in self.tracks.values():
             kinds = tr.markers[3]
             mask = [kind == MARK_LOST or i % 2 == 0 for i, kind in enumerate(kinds)]
             tr.markers = tuple(array("q", compress(col, mask)) for col in tr.markers)
+            self.markers_kept += len(tr.markers[0])
 
     def call(self, tr: _Track, func: str, ann: tuple[tuple[str, Any], ...]) -> None:
         """A function tracer call: counted under its caller in the call tree."""

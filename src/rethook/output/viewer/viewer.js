@@ -771,8 +771,7 @@
       const row = hit.thread.rows[hit.depth];
       const s = row.start[hit.i], e = row.end[hit.i];
       const span = this.t1 - this.t0;
-      if (e - s > span || (e - s) * this.plotWidth() / span < 3) this.zoomToSlice(hit);
-      else if (s < this.t0 || e > this.t1) this.setRange(s - span / 3, s - span / 3 + span);
+      if (s < this.t0 || e > this.t1 || (e - s) * this.plotWidth() / span < 3) this.zoomToSlice(hit);
       const th = hit.thread;
       if (th.collapsed && hit.depth > 0) { th.collapsed = false; this.layout(); }
       if (th.process.collapsed) { th.process.collapsed = false; this.layout(); }
@@ -1261,7 +1260,14 @@
       matches: () => views.timeline.matches().length,
       selected: () => {
         const s = views.timeline.selected;
-        return s ? views.timeline.describe(s).title : null;
+        if (!s) return null;
+        const name = views.timeline.describe(s).title;
+        if (s.marker !== undefined) {
+          const t = s.thread.markers.ts[s.marker];
+          return { name, tid: s.thread.tid, start: t, end: t };
+        }
+        const row = s.thread.rows[s.depth];
+        return { name, tid: s.thread.tid, start: row.start[s.i], end: row.end[s.i] };
       },
       tab: (name) => { if (name) show(name); return current; },
       profile: () => ({ nodes: model.profile.n, total: model.profile.total[0], unit: model.profile.unit,
