@@ -20,6 +20,7 @@ import os
 import re
 import shutil
 import stat
+import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
@@ -467,3 +468,26 @@ def test_page_in_a_browser(recorded, browser, tmp_path):
     assert requests == [html_path.as_uri()], requests  # nothing but the page itself
     pg.close()
     print(f"\nscreenshots of the view: {shots}", file=sys.stderr)
+
+
+# -- docs/view.md ------------------------------------------------------------------------------
+
+DOCS = Path(__file__).parent.parent / "docs" / "view.md"
+
+
+def test_docs_examples_run(tmp_path):
+    """Every example of docs/view.md, in order, in one directory: shell blocks with the
+    rethook of this Python on PATH, Python blocks as scripts."""
+    blocks = re.findall(r"^```(sh|python)\n(.*?)^```", DOCS.read_text("utf-8"), re.S | re.M)
+    assert [lang for lang, _ in blocks] == ["sh", "python"]
+    env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep
+           + os.environ.get("PATH", "")}
+    env.pop("BROWSER", None)
+    for lang, code in blocks:
+        cmd = ["bash", "-euo", "pipefail", "-c", code] if lang == "sh" else \
+            [sys.executable, "-c", code]
+        r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True,
+                           timeout=300)
+        assert r.returncode == 0, f"{lang} block failed:\n{code}\n{r.stdout}\n{r.stderr}"
+    for name in ("demo.html", "demo-page.html", "demo-api.html"):
+        assert embedded((tmp_path / name).read_text("utf-8"))["version"] == 1

@@ -125,7 +125,10 @@
 
   function fmtCount(n) { return Math.round(n).toLocaleString("en-US"); }
 
-  function fmtValue(v, unit) { return unit === "calls" ? fmtCount(v) + " calls" : fmtDur(v); }
+  // "1 call", "2,345 calls"
+  function counted(n, word) { return fmtCount(n) + " " + word + (n === 1 ? "" : "s"); }
+
+  function fmtValue(v, unit) { return unit === "calls" ? counted(v, "call") : fmtDur(v); }
 
   function fmtPct(part, whole) {
     if (!whole) return "0%";
@@ -296,6 +299,7 @@
   const LANE = 14;
   const PROC_HEAD = 22;
   const GAP = 8;
+  const THREAD_MIN = 34;
 
   class Timeline {
     constructor(model, search, root, onSelect) {
@@ -347,8 +351,9 @@
         if (p.collapsed) continue;
         for (const th of p.threads) {
           const lane = th.markers.n ? LANE : 0;
-          const rows = Math.max(this.threadRows(th), lane ? 0 : 1);
-          const h = lane + rows * ROW + GAP;
+          const rows = this.threadRows(th);
+          // at least the height of the thread's two label lines
+          const h = Math.max(lane + rows * ROW, th.collapsed ? ROW : THREAD_MIN) + GAP;
           blocks.push({ y, h, thread: th, lane, rowsY: y + lane });
           y += h;
         }
@@ -423,8 +428,8 @@
       ctx.fillStyle = "#fff";
       ctx.font = FONT_BOLD;
       const n = p.threads.length;
-      ctx.fillText((p.collapsed ? "▸ " : "▾ ") + p.name + "  ·  " + n +
-                   (n === 1 ? " thread" : " threads"), 8, y + PROC_HEAD / 2 - 1);
+      ctx.fillText((p.collapsed ? "▸ " : "▾ ") + p.name + "  ·  " + counted(n, "thread"), 8,
+                   y + PROC_HEAD / 2 - 1);
       ctx.font = FONT;
     }
 
@@ -440,7 +445,7 @@
       ctx.fillText(fitLabel(ctx, label, GUTTER - 14, this.labelCache), 8, y + 9);
       ctx.font = FONT;
       ctx.fillStyle = "#6b7280";
-      let sub = "tid " + th.tid + " · " + fmtCount(th.slices) + " calls";
+      let sub = "tid " + th.tid + " · " + counted(th.slices, "call");
       if (th.lost) sub += " · " + fmtCount(th.lost) + " lost";
       if (b.h - GAP >= 30) ctx.fillText(fitLabel(ctx, sub, GUTTER - 14, this.labelCache), 8, y + 24);
       ctx.strokeStyle = "#d5d9df";
@@ -957,7 +962,7 @@
       if (p.depth[node] > 2 || p.children[node].length === 0) {
         parts.push(fmtValue(p.self[node], p.unit) + " self (" + fmtPct(p.self[node], root) + ")");
       }
-      if (p.count[node]) parts.push(fmtCount(p.count[node]) + (p.unit === "calls" ? " hits" : " calls"));
+      if (p.count[node]) parts.push(counted(p.count[node], p.unit === "calls" ? "hit" : "call"));
       return { title: s[p.name[node]], line: parts.join(" · ") };
     }
 
@@ -1149,10 +1154,10 @@
     const calls = model.threads.reduce((s, t) => s + t.slices, 0);
     const markers = model.threads.reduce((s, t) => s + t.markerCount, 0);
     const sub = [raw.meta.tracer || "trace", fmtDur(raw.duration),
-                 model.threads.length + (model.threads.length === 1 ? " thread" : " threads")];
+                 counted(model.threads.length, "thread")];
     if (model.processes.length > 1) sub.push(model.processes.length + " processes");
-    if (calls) sub.push(fmtCount(calls) + " calls");
-    if (markers) sub.push(fmtCount(markers) + " events");
+    if (calls) sub.push(counted(calls, "call"));
+    if (markers) sub.push(counted(markers, "event"));
     const lost = model.threads.reduce((s, t) => s + t.lost, 0);
     if (lost) sub.push(fmtCount(lost) + " lost");
     document.getElementById("subtitle").textContent = sub.join(" · ");
@@ -1207,8 +1212,7 @@
         count.textContent = views[current].matchedText();
       } else {
         const n = views.timeline.matches().length, m = views.timeline.markerMatches();
-        count.textContent = fmtCount(n) + (n === 1 ? " call" : " calls") +
-          (m ? ", " + fmtCount(m) + " markers" : "");
+        count.textContent = counted(n, "call") + (m ? ", " + counted(m, "marker") : "");
       }
     }
     function runSearch() {
