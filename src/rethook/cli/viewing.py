@@ -3,6 +3,8 @@
 The page is written to a temporary file beside the output and renamed into place once
 complete, so an error never leaves half a page (or clobbers an older one). What the page left
 out of a big trace is said on stderr too, with the Perfetto command that shows everything.
+A damaged trace file (truncated by a crash, say) still gives a page of everything before the
+damage, as ``report`` prints it, with the error on the page and on stderr (exit status 1).
 """
 
 from __future__ import annotations
@@ -10,12 +12,13 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+import warnings
 import webbrowser
 from pathlib import Path
 
 import click
 
-from rethook.buffer.tracefile import TraceFileError, TraceReader
+from rethook.buffer.tracefile import TraceFileError, TraceFileWarning, TraceReader
 from rethook.output.html import DEFAULT_MAX_SLICES, View, write_html
 from rethook.session import human_size
 
@@ -36,25 +39,28 @@ def view_file(path: str, output: str | None, *, open_page: bool = False,
     """Write the HTML view of the trace at ``path``; returns the exit status."""
     if output is None:
         output = default_output(path)
-    try:
-        reader = TraceReader(path)
-    except TraceFileError as e:
-        _say(f"error: {e}")
-        return 1
-    try:
-        with reader:
-            if output == "-":
-                view = write_html(reader, sys.stdout, max_slices=max_slices)
-                sys.stdout.flush()
-            else:
-                view = _write_atomically(reader, output, max_slices)
-    except TraceFileError as e:
-        _say(f"error: {e} (no page written)")
-        return 1
-    except OSError as e:
-        _say(f"error: {output}: {e.strerror or e}")
-        return 1
+    with warnings.catch_warnings():
+        # not strict: damage ends the reading (kept in reader.damage) and is reported once
+        warnings.simplefilter("ignore", TraceFileWarning)
+        try:
+            reader = TraceReader(path, strict=False)
+        except TraceFileError as e:  # not a trace file, or its header is damaged
+            _say(f"error: {e}")
+            return 1
+        try:
+            with reader:
+                if output == "-":
+                    view = write_html(reader, sys.stdout, max_slices=max_slices)
+                    sys.stdout.flush()
+                else:
+                    view = _write_atomically(reader, output, max_slices)
+        except OSError as e:
+            _say(f"error: {output}: {e.strerror or e}")
+            return 1
     _report(view, path, output, open_page)
+    if reader.damage is not None:
+        _say(f"error: {reader.damage} (the page shows the trace up to there)")
+        return 1
     return 0
 
 

@@ -244,6 +244,7 @@ class _Builder:
         self.function_trace = self.meta.get("tracer") == "function"
         self.t0: int | None = None
         self.t1 = 0
+        self.damage: Exception | None = None  # where a damaged file stopped the reading
 
     # -- processes and threads (the seam for per-process traces) --
 
@@ -450,6 +451,7 @@ class _Builder:
             "profile": profile,
             "histograms": _histograms(self.meta.get("histograms")),
             "aggregated": aggregated,
+            "damage": str(self.damage) if self.damage is not None else None,
             "strings": self.strings.table,
         }
         return View(data, slices, shown, markers, markers_shown, aggregated)
@@ -564,11 +566,14 @@ def _histograms(hists: Any) -> list[dict[str, Any]]:
 def build_view(reader: TraceReader, *, max_slices: int = DEFAULT_MAX_SLICES,
                max_markers: int = DEFAULT_MAX_MARKERS,
                max_nodes: int = DEFAULT_MAX_NODES) -> View:
-    """Read the trace once and make the page's data (aggregated past the limits)."""
+    """Read the trace once and make the page's data (aggregated past the limits). A reader
+    opened with ``strict=False`` on a damaged file gives a page of what precedes the damage,
+    which the page names."""
     if max_slices < 1 or max_markers < 1 or max_nodes < 2:
         raise ValueError("max_slices and max_markers must be >= 1, max_nodes >= 2")
     builder = _Builder(reader, max_slices, max_markers)
     builder.feed(slice_events(reader))
+    builder.damage = reader.damage  # a reader opened with strict=False stops at damage
     return builder.data(max_nodes)
 
 

@@ -1162,13 +1162,20 @@
     if (lost) sub.push(fmtCount(lost) + " lost");
     document.getElementById("subtitle").textContent = sub.join(" · ");
 
+    const notice = document.getElementById("notice");
+    if (raw.damage) {
+      notice.hidden = false;
+      notice.classList.add("damage");
+      notice.append(el("div", null, el("b", { text: "A damaged trace file: " }),
+        "this page shows what comes before the damage (" + raw.damage + ")."));
+    }
     const notes = raw.aggregated.notes || [];
     if (notes.length) {
-      const notice = document.getElementById("notice");
       notice.hidden = false;
-      notice.append(el("b", { text: "A big trace, aggregated: " }), notes.join("; ") + ". ",
-        "Perfetto shows every event: ", el("code", { text: "rethook export --format perfetto" }),
-        ", then open the file in ui.perfetto.dev.");
+      notice.append(el("div", null, el("b", { text: "A big trace, aggregated: " }),
+        notes.join("; ") + ". Perfetto shows every event: ",
+        el("code", { text: "rethook export --format perfetto" }),
+        ", then open the file in ui.perfetto.dev."));
     }
 
     const search = new Search(model.strings);
