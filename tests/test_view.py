@@ -108,9 +108,10 @@ CALL = st.recursive(
 PROGRAM = st.lists(st.lists(CALL, max_size=4), min_size=1, max_size=3)
 
 
-def write_calls(path: Path, threads: list[list[tuple]]) -> list[tuple[int, int, int, str, int]]:
-    """A function_graph trace of the call trees (one list per thread); returns every call as
-    (tid, begin, end, name, depth)."""
+def write_calls(path: Path, threads: list[list[tuple]],
+                lost: int = 0) -> list[tuple[int, int, int, str, int]]:
+    """A function_graph trace of the call trees (one list per thread), then ``lost`` events
+    lost on the first thread; returns every call as (tid, begin, end, name, depth)."""
     streams, calls = [], []
     for k, roots in enumerate(threads):
         tid = 100 + k
@@ -137,14 +138,16 @@ def write_calls(path: Path, threads: list[list[tuple]]) -> list[tuple[int, int, 
         for k in range(len(threads)):
             w.set_thread_name(100 + k, f"T{k}")
         w.write_events(heapq.merge(*streams, key=lambda ev: ev[1]))
+        if lost:
+            w.write_lost(100, lost)
     return calls
 
 
 @settings(max_examples=40, deadline=None)
-@given(PROGRAM, st.integers(1, 12))
-def test_view_data_matches_the_calls(tmp_path_factory, threads, max_slices):
+@given(PROGRAM, st.integers(1, 12), st.sampled_from([0, 0, 7]))
+def test_view_data_matches_the_calls(tmp_path_factory, threads, max_slices, lost):
     path = tmp_path_factory.mktemp("view") / "t.dat"
-    calls = write_calls(path, threads)
+    calls = write_calls(path, threads, lost)
     with TraceReader(path) as reader:
         full = build_view(reader).data
     with TraceReader(path) as reader:
@@ -154,6 +157,12 @@ def test_view_data_matches_the_calls(tmp_path_factory, threads, max_slices):
     got = Counter((tid, s, e, n) for tid, ss in slices_of(full).items() for _, s, e, n in ss)
     assert got == want
     check_layout(full)
+    # lost events: a marker of their own, counted on their thread, never thinned
+    for data in (full, small.data):
+        first = [th for p in data["processes"] for th in p["threads"] if th["tid"] == 100]
+        assert sum(th["lost"] for th in first) == lost
+        assert sum(th["markers"]["kind"].count(view_html.MARK_LOST) for th in first) == \
+            (1 if lost else 0)
     check_layout(small.data)
 
     # aggregated: the longest calls, a caller always with its callees' longest

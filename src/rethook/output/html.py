@@ -215,10 +215,10 @@ class View:
     @property
     def summary(self) -> str:
         """One line for the command line: what the page holds, and what it left out."""
-        text = f"{self.slices_shown:,} calls"
+        parts = [f"{self.slices_shown:,} calls"] if self.slices or not self.markers else []
         if self.markers:
-            text += f" and {self.markers_shown:,} markers"
-        return text
+            parts.append(f"{self.markers_shown:,} markers")
+        return " and ".join(parts)
 
     def notes(self) -> list[str]:
         """What aggregation left out, one sentence each (empty when nothing was)."""

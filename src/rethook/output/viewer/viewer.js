@@ -445,7 +445,8 @@
       ctx.fillText(fitLabel(ctx, label, GUTTER - 14, this.labelCache), 8, y + 9);
       ctx.font = FONT;
       ctx.fillStyle = "#6b7280";
-      let sub = "tid " + th.tid + " · " + counted(th.slices, "call");
+      let sub = "tid " + th.tid + " · " + (th.slices || !th.markerCount
+        ? counted(th.slices, "call") : counted(th.markerCount, "event"));
       if (th.lost) sub += " · " + fmtCount(th.lost) + " lost";
       if (b.h - GAP >= 30) ctx.fillText(fitLabel(ctx, sub, GUTTER - 14, this.labelCache), 8, y + 24);
       ctx.strokeStyle = "#d5d9df";
@@ -890,7 +891,7 @@
         ctx.fillStyle = "#6b7280";
         ctx.fillText(this.m.threads.some((t) => t.markerCount) && !this.m.threads.some((t) => t.slices)
           ? "No calls in this trace (events only): record with -p function_graph for a flame graph."
-          : "No calls in this trace.", 12, this.icicle ? 20 : h - 20);
+          : "No calls in this trace.", 12, 24);
         return;
       }
       const focus = this.focus;
