@@ -648,7 +648,8 @@
       return {
         title: s[row.name[i]],
         lines: [
-          "duration " + fmtDur(dur) + " · self " + fmtDur(Math.max(0, dur - children)),
+          "duration " + fmtDur(dur) + " · self " + fmtDur(Math.max(0, dur - children)) +
+            (this.m.raw.aggregated.notes ? " (less the callees on the timeline)" : ""),
           "from +" + fmtDur(row.start[i]) + " to +" + fmtDur(row.end[i]),
           th.name + " (tid " + th.tid + ") · depth " + hit.depth,
         ],
