@@ -166,19 +166,27 @@ class _Tree:
 
 
 class _Row:
-    """One depth of one thread: its slices in start order."""
+    """One depth of one thread: its slices in start order, each four numbers in one array
+    (one ``extend`` a slice): start, duration, name's string id, details' string id + 1 (0 for
+    none)."""
 
-    __slots__ = ("start", "dur", "name", "info")
+    __slots__ = ("cols",)
+    WIDTH = 4
+    START, DUR, NAME, INFO = range(WIDTH)
 
     def __init__(self) -> None:
-        self.start = array("q")
-        self.dur = array("q")
-        self.name = array("q")
-        self.info = array("q")  # string id + 1; 0 for none
+        self.cols = array("q")
 
-    def keep(self, mask: list[bool]) -> None:
-        for col in self.__slots__:
-            setattr(self, col, array("q", compress(getattr(self, col), mask)))
+    def column(self, k: int) -> array:
+        return self.cols[k::self.WIDTH]
+
+    def __len__(self) -> int:
+        return len(self.cols) // self.WIDTH
+
+    def keep_longer(self, threshold: int) -> None:
+        """Drop the slices that last ``threshold`` ns or less."""
+        mask = [d > threshold for d in self.column(self.DUR) for _ in range(self.WIDTH)]
+        self.cols = array("q", compress(self.cols, mask))
 
 
 class _Track:
@@ -192,7 +200,7 @@ class _Track:
         self.tid = tid
         self.node = node  # its call-tree node
         self.rows: list[_Row] = []
-        self.stack: list[tuple[int, int, int, int]] = []  # (begin, name, info, node)
+        self.stack: list[tuple] = []  # open slices: (begin, name id, entry annotations, node)
         self.slices = 0  # every slice of the thread, kept on the timeline or not
         self.max_depth = -1
         self.markers = (array("q"), array("q"), array("q"), array("q"))  # ts, name, info, kind
@@ -245,6 +253,7 @@ class _Builder:
         self.t0: int | None = None
         self.t1 = 0
         self.damage: Exception | None = None  # where a damaged file stopped the reading
+        self.details: dict[tuple, int] = {}  # (entry, exit annotations) -> details' id + 1
 
     # -- processes and threads (the seam for per-process traces) --
 
@@ -272,9 +281,12 @@ class _Builder:
     # -- records --
 
     def feed(self, records: Iterable[Record]) -> None:
+        """Take in slice_events' records. The loop is the builder's hot path (one pass per
+        record of the trace): lookups of names and call-tree nodes are inlined."""
         begin, end, instant = SLICE_BEGIN, SLICE_END, INSTANT
-        sid = self.strings.id
-        child = self.tree.child
+        sid, ids = self.strings.id, self.strings.ids
+        tree = self.tree
+        nodes, child = tree.children, tree.child
         tracks: dict[int, _Track] = {}
         t0 = None
         ts = 0
@@ -287,10 +299,14 @@ class _Builder:
             tr.last = ts
             if kind == begin:
                 stack = tr.stack
-                name_id = sid(name)
+                name_id = ids.get(name)
+                if name_id is None:
+                    name_id = sid(name)
                 parent = stack[-1][3] if stack else tr.node
-                info = sid(_details(ann)) + 1 if ann else 0
-                stack.append((ts, name_id, info, child(parent, name_id)))
+                node = nodes.get(parent << _NAME_KEY | name_id)
+                if node is None:
+                    node = child(parent, name_id)
+                stack.append((ts, name_id, ann, node))
             elif kind == end:
                 self.close(tr, ts, ann)
             elif kind == instant:
@@ -302,7 +318,7 @@ class _Builder:
                 self.close(tr, tr.last, (("running at the end of the trace", True),))
 
     def close(self, tr: _Track, ts: int, ann: tuple[tuple[str, Any], ...]) -> None:
-        begin, name_id, info, node = tr.stack.pop()
+        begin, name_id, begin_ann, node = tr.stack.pop()
         dur = ts - begin
         tree = self.tree
         tree.own[node] += dur
@@ -310,37 +326,33 @@ class _Builder:
         tr.slices += 1
         if dur <= self.threshold:
             return
-        if ann:
-            text = _details(ann)
-            if info:
-                text = self.strings.table[info - 1] + "\n" + text
-            info = self.strings.id(text) + 1
+        info = 0
+        if ann or begin_ann:  # the details of the entry, then those of the exit
+            key = (begin_ann, ann)
+            info = self.details.get(key, 0)
+            if not info:
+                info = self.details[key] = self.strings.id(_details(begin_ann + ann)) + 1
         depth = len(tr.stack)
         rows = tr.rows
         while len(rows) <= depth:
             rows.append(_Row())
-        row = rows[depth]
-        row.start.append(begin)
-        row.dur.append(dur)
-        row.name.append(name_id)
-        row.info.append(info)
+        rows[depth].cols.extend((begin, dur, name_id, info))
         self.kept += 1
         if self.kept > 2 * self.max_slices:
             self.compact(self.max_slices)
 
     def compact(self, keep: int) -> None:
         """Keep only the ``keep`` longest slices (ties dropped together)."""
-        durs = sorted((d for tr in self.tracks.values() for row in tr.rows for d in row.dur),
-                      reverse=True)
+        durs = sorted((d for tr in self.tracks.values() for row in tr.rows
+                       for d in row.column(_Row.DUR)), reverse=True)
         if len(durs) <= keep:
             return
         self.threshold = max(self.threshold, durs[keep - 1])
         self.kept = 0
         for tr in self.tracks.values():
             for row in tr.rows:
-                mask = [d > self.threshold for d in row.dur]
-                row.keep(mask)
-                self.kept += len(row.dur)
+                row.keep_longer(self.threshold)
+                self.kept += len(row)
 
     def instant(self, tr: _Track, ts: int, name: str, ann: tuple[tuple[str, Any], ...]) -> None:
         if name.startswith("lost ") and ann and ann[0][0] == "count":
@@ -403,11 +415,12 @@ class _Builder:
                 proc = processes[pid] = self.process(pid)
             rows = []
             for row in tr.rows:
-                start = [s - t0 for s in row.start]
+                start = [s - t0 for s in row.column(_Row.START)]
                 rows.append({"start": [b - a for a, b in zip([0, *start], start, strict=False)],
-                             "dur": row.dur.tolist(), "name": row.name.tolist(),
-                             "info": row.info.tolist()})
-                shown += len(row.dur)
+                             "dur": row.column(_Row.DUR).tolist(),
+                             "name": row.column(_Row.NAME).tolist(),
+                             "info": row.column(_Row.INFO).tolist()})
+                shown += len(row)
             while rows and not rows[-1]["dur"]:
                 rows.pop()
             ts_col, name_col, info_col, kind_col = tr.markers
@@ -434,7 +447,7 @@ class _Builder:
                          "the flame graph and the icicle count every call")
         if markers_shown < markers:
             notes.append(f"the timeline shows {markers_shown:,} of {markers:,} markers "
-                         f"(every {self.marker_stride:,}th event)")
+                         f"(one event in {self.marker_stride:,})")
         if profile_note:
             notes.append(profile_note)
         aggregated: dict[str, Any] = {}
@@ -454,6 +467,8 @@ class _Builder:
             "damage": str(self.damage) if self.damage is not None else None,
             "strings": self.strings.table,
         }
+        if aggregated:  # what was left out may leave strings nothing refers to
+            _drop_unused_strings(data)
         return View(data, slices, shown, markers, markers_shown, aggregated)
 
     def process(self, pid: int) -> dict[str, Any]:
@@ -485,6 +500,35 @@ class _Builder:
             "total": [total[node] for node in keep],
             "count": [tree.count[node] for node in keep],
         }, note
+
+
+def _drop_unused_strings(data: dict[str, Any]) -> None:
+    """Renumber the string table of the page's ``data`` to the strings it uses."""
+    threads = [th for proc in data["processes"] for th in proc["threads"]]
+    columns = [data["profile"]["name"]]  # every column of string ids
+    details = []  # every column of string ids + 1 (0: none)
+    for th in threads:
+        columns += [row["name"] for row in th["rows"]] + [th["markers"]["name"]]
+        details += [row["info"] for row in th["rows"]] + [th["markers"]["info"]]
+    used = {proc["name"] for proc in data["processes"]} | {th["name"] for th in threads}
+    for col in columns:
+        used.update(col)
+    for col in details:
+        used.update(i - 1 for i in col if i)
+    table = data["strings"]
+    if len(used) == len(table):
+        return
+    order = sorted(used)
+    new = {old: i for i, old in enumerate(order)}
+    data["strings"] = [table[i] for i in order]
+    for proc in data["processes"]:
+        proc["name"] = new[proc["name"]]
+    for th in threads:
+        th["name"] = new[th["name"]]
+    for col in columns:
+        col[:] = [new[i] for i in col]
+    for col in details:
+        col[:] = [new[i - 1] + 1 if i else 0 for i in col]
 
 
 def _duration(ns: int) -> str:
