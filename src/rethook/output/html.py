@@ -25,7 +25,8 @@ lasts longer than its caller), the markers are thinned to about ``max_markers`` 
 and the call tree to ``max_nodes`` nodes (the time of a dropped subtree stays in its parent's
 self time). The flame graph and the counts always cover every call. What was left out is in
 ``View.aggregated`` and said on the page; Perfetto (``rethook export --format perfetto``)
-shows everything. Memory stays bounded by those limits whatever the trace's size.
+shows everything. The timeline's columns stay within about twice those limits whatever the
+trace's size (the call tree and the string table grow with distinct stacks and texts).
 
 **Processes.** The model is process -> thread -> slices from the start. A trace holds one
 process today (pid from META ``pid``); :meth:`_Builder.track` is the one place that maps an
