@@ -66,11 +66,12 @@ DEFAULT_MAX_MARKERS = 200_000
 #: Nodes of the call tree (flame graph, icicle) kept before the smallest are folded.
 DEFAULT_MAX_NODES = 100_000
 
-# marker kinds (viewer.js: MARKER_KINDS)
-MARK_EVENT = 0  # a probe event, a stack trace, a print: any non-graph event
-MARK_CALL = 1  # a function tracer call
-MARK_LOST = 2  # lost events
-MARK_GRAPH = 3  # a graph instant: a suspension with no open slice, a call closed while suspended
+#: What a marker stands for, by its kind number (the page carries this list to the viewer):
+#: ``event`` a probe event, stack trace or message (any non-graph event); ``call`` a function
+#: tracer call; ``lost`` lost events; ``graph`` a graph instant (a suspension with no open
+#: slice, a call closed while suspended).
+MARKER_KINDS = ("event", "call", "lost", "graph")
+MARK_EVENT, MARK_CALL, MARK_LOST, MARK_GRAPH = (MARKER_KINDS.index(k) for k in MARKER_KINDS)
 
 # the call tree's unit: graph traces weigh calls by time, function traces by count
 UNIT_NS = "ns"
@@ -193,8 +194,8 @@ class _Row:
 class _Track:
     """One thread: its rows, open slices, markers and counts."""
 
-    __slots__ = ("pid", "tid", "node", "rows", "stack", "slices", "max_depth", "markers",
-                 "marker_count", "lost", "last")
+    __slots__ = ("pid", "tid", "node", "rows", "stack", "slices", "markers", "marker_count",
+                 "lost", "last")
 
     def __init__(self, pid: int, tid: int, node: int) -> None:
         self.pid = pid
@@ -203,7 +204,6 @@ class _Track:
         self.rows: list[_Row] = []
         self.stack: list[tuple] = []  # open slices: (begin, name id, entry annotations, node)
         self.slices = 0  # every slice of the thread, kept on the timeline or not
-        self.max_depth = -1
         self.markers = (array("q"), array("q"), array("q"), array("q"))  # ts, name, info, kind
         self.marker_count = 0
         self.lost = 0
@@ -463,6 +463,7 @@ class _Builder:
             "duration": max(0, self.t1 - t0),
             "processes": list(processes.values()),
             "profile": profile,
+            "markerKinds": list(MARKER_KINDS),
             "histograms": _histograms(self.meta.get("histograms")),
             "aggregated": aggregated,
             "damage": str(self.damage) if self.damage is not None else None,

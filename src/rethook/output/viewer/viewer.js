@@ -12,15 +12,17 @@
  *   thread = {tid, name, slices, rows[depth], markers, markerCount, lost}
  *   row    = {start[] (ns, each a delta from the previous; the first from t0), dur[], name[],
  *             info[] (string index + 1, 0 for none)}; slices of a row never overlap
- *   markers = {ts[] (deltas like start), name[], info[], kind[]}  (kinds: MARKER_KINDS)
+ *   markers = {ts[] (deltas like start), name[], info[], kind[]}  (kind: an index into
+ *             markerKinds, e.g. ["event", "call", "lost", "graph"])
  *   profile = {unit: "ns" | "calls", parent[], name[], total[], count[]}; node 0 is the root,
  *             parents come before their children
  */
 "use strict";
 (function () {
   const DATA_VERSION = 1;
-  const MARKER_KINDS = ["event", "call", "lost", "graph"];
-  const MARK_LOST = 2;
+  let MARKER_KINDS = []; // the page's markerKinds: what each marker kind number stands for
+  let MARK_LOST = -1;
+  let MARK_GRAPH = -1;
 
   // ---------------------------------------------------------------------------------------
   // Data
@@ -72,6 +74,9 @@
       throw new Error("this page's data is version " + raw.version + ", the viewer reads " +
                       DATA_VERSION);
     }
+    MARKER_KINDS = raw.markerKinds;
+    MARK_LOST = MARKER_KINDS.indexOf("lost");
+    MARK_GRAPH = MARKER_KINDS.indexOf("graph");
     const strings = raw.strings;
     const threads = [];
     const processes = raw.processes.map((p) => {
@@ -185,7 +190,7 @@
 
   function markerColour(strings, id, kind) {
     if (kind === MARK_LOST) return "#d62728";
-    if (kind === 3) return "#8a8f98";
+    if (kind === MARK_GRAPH) return "#8a8f98";
     return "hsl(" + (hashName(strings[id]) % 360) + ",60%,40%)";
   }
 
@@ -310,7 +315,6 @@
       this.t1 = model.duration;
       this.scrollY = 0;
       this.selected = null; // {thread, depth, i} or {thread, marker: i}
-      this.hover = null;
       this.labelCache = {};
       this.matchList = null;
       this.matchIndex = -1;
