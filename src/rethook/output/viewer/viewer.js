@@ -902,6 +902,7 @@
       const focus = this.focus;
       // the focused node's ancestors span the whole width
       for (let a = focus; a >= 0; a = p.parent[a]) this.frame(ctx, a, 0, w, h, strings, a !== focus);
+      if (p.total[focus] <= 0) return;
       const stack = [[focus, 0, w]];
       const k = w / p.total[focus];
       while (stack.length) {
