@@ -6,7 +6,8 @@ The browser test records a threaded asyncio program with ``rethook record`` (a s
 writes the page with ``rethook view``, loads it, and checks what the viewer shows against the
 trace: no console errors, no network request, the slices per thread, zoom (Ctrl+wheel and keys),
 search (typing, Enter), the flame graph, the histograms. Screenshots of every tab are kept in
-pytest's tmp dir (the path is printed); they are for people, never compared pixel by pixel.
+$RETHOOK_ARTIFACTS/view-screenshots, else in pytest's tmp dir (the path is printed on stderr);
+they are for people to look at, never compared pixel by pixel.
 
 Chromium and Playwright are set up by .ci/run; elsewhere the browser test skips, saying what
 is missing, except under CI=true, where it fails.
@@ -405,8 +406,8 @@ def browser():
 def test_page_in_a_browser(recorded, browser, tmp_path):
     trace, html_path = recorded["trace"], recorded["html"]
     per_tid, per_func, markers = slice_counts(trace)
-    shots = tmp_path / "screenshots"
-    shots.mkdir()
+    shots = Path(os.environ.get("RETHOOK_ARTIFACTS") or tmp_path) / "view-screenshots"
+    shots.mkdir(parents=True, exist_ok=True)
     pg = browser.new_page(viewport={"width": 1400, "height": 820})
     problems: list[str] = []
     requests: list[str] = []
