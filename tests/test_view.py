@@ -182,6 +182,30 @@ def test_view_data_matches_the_calls(tmp_path_factory, threads, max_slices, lost
     assert prof["total"][0] == sum(e - b for _, b, e, _, depth in calls if depth == 0)
 
 
+def test_threads_go_under_their_process(tmp_path):
+    """A reader that knows the processes of a trace (followed children) puts each thread
+    under its own process, in the timeline and in the call tree."""
+    path = tmp_path / "t.dat"
+    write_calls(path, [[("app.main", 5, (("app.work", 3, ()),))], [("child.main", 4, ())]])
+
+    class TwoProcesses(TraceReader):
+        processes = {777: {"argv": ["/srv/child.py", "-v"]}}
+        thread_pids = {101: 777}
+
+    with TwoProcesses(path) as reader:
+        data = build_view(reader).data
+    strings = data["strings"]
+    procs = {p["pid"]: (strings[p["name"]], p["cmdline"], [t["tid"] for t in p["threads"]])
+             for p in data["processes"]}
+    assert procs == {4242: ("prog.py (pid 4242)", ["prog.py"], [100]),
+                     777: ("child.py (pid 777)", ["/srv/child.py", "-v"], [101])}
+    paths = {node: strings[name] for node, name in enumerate(data["profile"]["name"])}
+    parent = data["profile"]["parent"]
+    by_name = {paths[n]: paths[parent[n]] for n in paths if parent[n] >= 0}
+    assert by_name["child.main"] == "T1 (101)" and by_name["T1 (101)"] == "child.py (pid 777)"
+    assert by_name["app.work"] == "app.main" and by_name["T0 (100)"] == "prog.py (pid 4242)"
+
+
 def tree_self_times(data: dict[str, Any]) -> dict[tuple[str, ...], int]:
     """Self time per stack from the page's call tree, stacks rooted at the thread's name."""
     prof, strings = data["profile"], data["strings"]

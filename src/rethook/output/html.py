@@ -28,9 +28,11 @@ self time). The flame graph and the counts always cover every call. What was lef
 shows everything. The timeline's columns stay within about twice those limits whatever the
 trace's size (the call tree and the string table grow with distinct stacks and texts).
 
-**Processes.** The model is process -> thread -> slices from the start. A trace holds one
-process today (pid from META ``pid``); :meth:`_Builder.track` is the one place that maps an
-event to its process, where per-process traces plug in.
+**Processes.** The model is process -> thread -> slices from the start. A trace's process is
+the one that recorded it (pid from META ``pid``); a reader that knows more processes (a trace
+of followed children: ``reader.processes``, pid -> its META, and ``reader.thread_pids``,
+tid -> pid) puts each thread under its own. :meth:`_Builder.track` is the one place that
+assigns a thread to its process.
 """
 
 from __future__ import annotations
@@ -47,14 +49,7 @@ from itertools import compress
 from typing import Any, TextIO
 
 from rethook.buffer.tracefile import TraceReader
-from rethook.output.perfetto import (
-    INSTANT,
-    SLICE_BEGIN,
-    SLICE_END,
-    Record,
-    _pid,
-    slice_events,
-)
+from rethook.output.perfetto import INSTANT, SLICE_BEGIN, SLICE_END, _pid, slice_events
 
 #: Version of the embedded data's layout (viewer.js checks it).
 DATA_VERSION = 1
@@ -249,7 +244,11 @@ class _Builder:
         self.tracks: dict[tuple[int, int], _Track] = {}
         self.processes: dict[int, int] = {}  # pid -> call-tree node
         self.tree = _Tree(self.strings.id("all"))
-        self.pid = _pid(self.meta, self.thread_names)
+        self.pid = _pid(self.meta, self.thread_names)  # as the Perfetto export names it
+        # the processes of a trace of several (none known: every thread is self.pid's)
+        self.process_meta: dict[int, Any] = dict(getattr(reader, "processes", None) or {})
+        self.thread_pids: dict[int, int | None] = dict(getattr(reader, "thread_pids", None)
+                                                       or {})
         self.function_trace = self.meta.get("tracer") == "function"
         self.t0: int | None = None
         self.t1 = 0
@@ -258,16 +257,21 @@ class _Builder:
 
     # -- processes and threads (the seam for per-process traces) --
 
+    def argv(self, pid: int) -> list[str]:
+        meta = self.meta if pid == self.pid else self.process_meta.get(pid)
+        argv = meta.get("argv") if isinstance(meta, dict) else None
+        return [str(a) for a in argv] if isinstance(argv, list) else []
+
     def process_name(self, pid: int) -> str:
-        argv = self.meta.get("argv")
-        if isinstance(argv, list) and argv:
-            return f"{os.path.basename(str(argv[0]))} (pid {pid})"
-        return f"pid {pid}"
+        argv = self.argv(pid)
+        if argv and argv[0] != "-c":
+            return f"{os.path.basename(argv[0])} (pid {pid})"
+        return f"python (pid {pid})" if argv else f"pid {pid}"
 
     def track(self, tid: int) -> _Track:
-        """The track of thread ``tid``. Every thread is in process ``self.pid`` today: when
-        events carry their process, this is where it is read."""
-        pid = self.pid
+        """The track of thread ``tid``, under its process (the recording process unless the
+        reader says otherwise)."""
+        pid = self.thread_pids.get(tid) or self.pid
         tr = self.tracks.get((pid, tid))
         if tr is None:
             pnode = self.processes.get(pid)
@@ -281,7 +285,7 @@ class _Builder:
 
     # -- records --
 
-    def feed(self, records: Iterable[Record]) -> None:
+    def feed(self, records: Iterable[tuple]) -> None:
         """Take in slice_events' records. The loop is the builder's hot path (one pass per
         record of the trace): lookups of names and call-tree nodes are inlined."""
         begin, end, instant = SLICE_BEGIN, SLICE_END, INSTANT
@@ -474,10 +478,8 @@ class _Builder:
         return View(data, slices, shown, markers, markers_shown, aggregated)
 
     def process(self, pid: int) -> dict[str, Any]:
-        argv = self.meta.get("argv")
         return {"pid": pid, "name": self.strings.id(self.process_name(pid)),
-                "cmdline": [str(a) for a in argv] if isinstance(argv, list) else [],
-                "threads": []}
+                "cmdline": self.argv(pid), "threads": []}
 
     def title(self) -> str:
         argv = self.meta.get("argv")
