@@ -307,10 +307,9 @@
   const THREAD_MIN = 34;
 
   class Timeline {
-    constructor(model, search, root, onSelect) {
+    constructor(model, search, root) {
       this.m = model;
       this.search = search;
-      this.onSelect = onSelect;
       this.t0 = 0;
       this.t1 = model.duration;
       this.scrollY = 0;
@@ -767,7 +766,6 @@
       this.selected = hit;
       this.showDetails(hit);
       this.surface.invalidate();
-      if (this.onSelect) this.onSelect(hit);
     }
 
     zoomToSlice(hit) {
