@@ -83,6 +83,17 @@ setup() {
     "$venv/bin/python" -m rethook.engine.select >&2 || true  # says which core runs, and why
 }
 
+need_chromium() {
+    # tests/test_view.py loads the HTML view in Debian's Chromium (driven by Playwright, which
+    # never downloads a browser of its own). Installed here when missing and we may (root with
+    # apt-get, as on CI); otherwise the test says what is missing and skips (fails under CI).
+    command -v chromium >/dev/null 2>&1 && return 0
+    [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 || return 0
+    echo "dev.sh: installing chromium for the HTML view's browser test" >&2
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } \
+        >/dev/null 2>&1 || echo "dev.sh: could not install chromium" >&2
+}
+
 cmd="${1:-help}"
 [ $# -gt 0 ] && shift
 case "$cmd" in
@@ -92,6 +103,7 @@ case "$cmd" in
         exec "$venv/bin/python" -m rethook demo "$@" ;;
     test)
         setup
+        need_chromium
         # One worker per core (pytest-xdist); RETHOOK_TEST_JOBS=0 runs in this process.
         exec "$venv/bin/python" -m pytest -n "${RETHOOK_TEST_JOBS:-auto}" "$@" ;;
     bench)

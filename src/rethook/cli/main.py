@@ -1,9 +1,9 @@
 """The ``rethook`` command line: trace-cmd's commands and flags for Python programs.
 
 ``record``, ``stream`` and ``profile`` run a program (``SCRIPT ARGS`` or ``-m MODULE ARGS``)
-under a trace; ``report``, ``export``, ``hist`` and ``info`` read a recorded trace file;
-``list`` shows tracers, options and traceable functions; ``demo`` records and shows a bundled
-example. See docs/cli.md.
+under a trace; ``report``, ``export``, ``view``, ``hist`` and ``info`` read a recorded trace
+file; ``list`` shows tracers, options and traceable functions; ``demo`` records and shows a
+bundled example. See docs/cli.md.
 
 Exit status: a command that runs a program exits with the program's status (as ``python``
 would); usage errors (bad flags, unknown tracers or options, filters that match nothing, a
@@ -84,6 +84,7 @@ def cli() -> None:
     \b
       rethook record prog.py ARGS      record a function_graph trace into trace.dat
       rethook report                   print it in ftrace's text format
+      rethook view                     write it as an HTML page to open in a browser
       rethook stream -m pkg.tool       print events live while the program runs
       rethook profile prog.py          function profiler: hits and times per function
       rethook export --format chrome   for other tools: perfetto, chrome, speedscope, ...
@@ -364,16 +365,17 @@ def report(input_: str, options: tuple[str, ...]) -> None:
 @cli.command(context_settings=CONTEXT)
 @click.option("-i", "input_", default="trace.dat", show_default=True, metavar="FILE",
               type=click.Path(exists=True, dir_okay=False), help="The trace file to read.")
-@click.option("--format", "fmt", type=click.Choice(list(EXPORTERS)), required=True,
-              help="; ".join(f"{name}: {e.help}" for name, e in EXPORTERS.items()) + ".")
+@click.option("--format", "fmt", type=click.Choice([*EXPORTERS, "html"]), required=True,
+              help="; ".join(f"{name}: {e.help}" for name, e in EXPORTERS.items())
+              + "; html: the page 'rethook view' writes.")
 @click.option("-o", "output", default=None, metavar="OUT",
               help="Output file ('-' for stdout). Default: the input's name with "
-                   + ", ".join(e.suffix for e in EXPORTERS.values()) + ".")
+                   + ", ".join(e.suffix for e in EXPORTERS.values()) + " or .html.")
 @click.option("--per-thread", "per_thread", is_flag=True,
               help="folded: every stack starts with its thread (name-pid/tid).")
 def export(input_: str, fmt: str, output: str | None, per_thread: bool) -> None:
     """Convert a trace file for other tools: Perfetto, Chrome's trace viewer, speedscope,
-    flame graphs, pstats."""
+    flame graphs, pstats, or an HTML page."""
     from rethook.cli.reporting import export_file
 
     if per_thread and fmt != "folded":
@@ -392,6 +394,32 @@ def info(input_: str, as_json: bool) -> None:
     from rethook.cli.summaries import info_file
 
     sys.exit(info_file(input_, as_json))
+
+
+@cli.command(context_settings=CONTEXT)
+@click.option("-i", "input_", default="trace.dat", show_default=True, metavar="FILE",
+              type=click.Path(exists=True, dir_okay=False), help="The trace file to read.")
+@click.option("-o", "output", default=None, metavar="OUT",
+              help="The page to write ('-' for stdout). Default: the input's name with .html.")
+@click.option("--open", "open_page", is_flag=True,
+              help="Open the page in a web browser once written.")
+@click.option("--max-calls", type=click.IntRange(1, 50_000_000), default=None, metavar="N",
+              help="Calls the timeline shows before it keeps only the longest (default "
+                   "400,000); the flame graph counts every call whatever N is.")
+def view(input_: str, output: str | None, open_page: bool, max_calls: int | None) -> None:
+    """Write a trace as one self-contained HTML page (trace.html) to open in a browser.
+
+    The page has a timeline per process and thread (calls as nested slices, probe events as
+    markers), a flame graph and an icicle of the calls, the probe histograms and the trace's
+    metadata, with zoom and search. It needs no network: everything is inside the file.
+    Traces with more calls than --max-calls are aggregated (said on the page and here);
+    'rethook export --format perfetto' keeps every event.
+    """
+    from rethook.cli.viewing import view_file
+    from rethook.output.html import DEFAULT_MAX_SLICES
+
+    sys.exit(view_file(input_, output, open_page=open_page,
+                       max_slices=max_calls or DEFAULT_MAX_SLICES))
 
 
 @cli.command(context_settings=CONTEXT)

@@ -180,8 +180,12 @@ def _replace_when_done(output: str, binary: bool):
 
 
 def export_file(path: str, fmt: str, output: str | None, **options: object) -> int:
-    """Convert the trace at ``path`` to ``fmt`` (an EXPORTERS name); ``options`` go to the
-    writer. Returns the exit status."""
+    """Convert the trace at ``path`` to ``fmt`` (an EXPORTERS name, or html); ``options`` go
+    to the writer. Returns the exit status."""
+    if fmt == "html":
+        from rethook.cli.viewing import view_file
+
+        return view_file(path, output)
     exporter = EXPORTERS[fmt]
     try:
         write = getattr(importlib.import_module(exporter.module), exporter.function)
