@@ -49,7 +49,8 @@ from itertools import compress
 from typing import Any, TextIO
 
 from rethook.buffer.tracefile import TraceReader
-from rethook.output.perfetto import INSTANT, SLICE_BEGIN, SLICE_END, _pid, slice_events
+from rethook.output.info import trace_pid
+from rethook.output.slices import INSTANT, SLICE_BEGIN, SLICE_END, slice_events
 
 #: Version of the embedded data's layout (viewer.js checks it).
 DATA_VERSION = 1
@@ -244,7 +245,7 @@ class _Builder:
         self.tracks: dict[tuple[int, int], _Track] = {}
         self.processes: dict[int, int] = {}  # pid -> call-tree node
         self.tree = _Tree(self.strings.id("all"))
-        self.pid = _pid(self.meta, self.thread_names)  # as the Perfetto export names it
+        self.pid = trace_pid(self.meta, self.thread_names)  # as the Perfetto export names it
         # the processes of a trace of several (none known: every thread is self.pid's)
         self.process_meta: dict[int, Any] = dict(getattr(reader, "processes", None) or {})
         self.thread_pids: dict[int, int | None] = dict(getattr(reader, "thread_pids", None)
