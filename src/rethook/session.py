@@ -41,7 +41,6 @@ from rethook.buffer.tracefile import TraceWriter
 from rethook.control.tracefs import Tracefs
 from rethook.engine import clock
 from rethook.engine.core import notrace
-from rethook.output.text import Threads, renderer_for
 
 #: How long a drain thread waits for events before looking again (it wakes at once when a
 #: page of events completes).
@@ -598,6 +597,8 @@ class Streamer(_Drain):
         self.lines = 0
 
     def start(self, fs: Tracefs) -> None:
+        from rethook.output.text import Threads, renderer_for  # only stream renders text
+
         out = self.out if self.out is not None else sys.stdout
         try:
             out.flush()  # what was printed before the program belongs before its events

@@ -12,11 +12,9 @@ missing script or module) exit with 2; a damaged trace file or a failed write ex
 from __future__ import annotations
 
 import os
-import platform
 import signal
 import sys
-import tempfile
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
@@ -28,20 +26,12 @@ from rethook.cli.args import (
     settings_from,
     trace_options,
 )
-from rethook.control.tracefs import Tracefs
-from rethook.session import (
-    Outcome,
-    ProfileObserver,
-    Program,
-    ProgramError,
-    Recorder,
-    Session,
-    SettingError,
-    Streamer,
-    TraceSettings,
-    configure,
-    trace_meta,
-)
+
+# Start-up: importing this module loads click and nothing else of weight (``rethook --help``
+# stays quick); each command imports what it uses when it runs. tests/test_startup.py checks.
+if TYPE_CHECKING:
+    from rethook.control.tracefs import Tracefs
+    from rethook.session import Outcome, Program, TraceSettings
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -49,6 +39,8 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 def _version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
     if not value or ctx.resilient_parsing:
         return
+    import platform
+
     from rethook.engine.engine import get_engine
 
     core = get_engine().core
@@ -97,6 +89,8 @@ def cli() -> None:
 
 # --- running programs ------------------------------------------------------------------------
 def _program(ctx: click.Context, module: str | None, program: tuple[str, ...]) -> Program:
+    from rethook.session import Program
+
     if module is not None:
         return Program(module=module, args=program)
     if not program:
@@ -106,6 +100,8 @@ def _program(ctx: click.Context, module: str | None, program: tuple[str, ...]) -
 
 
 def _load(ctx: click.Context, program: Program) -> None:
+    from rethook.session import ProgramError
+
     try:
         program.load()
     except ProgramError as e:
@@ -124,6 +120,9 @@ def _syntax_error(e: SyntaxError) -> NoReturn:
 def _prepare(ctx: click.Context, program: Program, settings: TraceSettings,
              tracer: bool = True) -> tuple[Tracefs, list[str]]:
     """Load the program, register its code, and configure a Tracefs for it (tracing off)."""
+    from rethook.control.tracefs import Tracefs
+    from rethook.session import SettingError, configure
+
     _load(ctx, program)
     fs = Tracefs()
     assert program.code is not None
@@ -190,6 +189,8 @@ def record(ctx: click.Context, output: str, module: str | None, program: tuple[s
 
 
 def _record(ctx: click.Context, prog: Program, settings: TraceSettings, output: str) -> Outcome:
+    from rethook.session import Recorder, Session, trace_meta
+
     fs, filters = _prepare(ctx, prog, settings)
     try:
         recorder = Recorder(output, trace_meta(fs, prog, filters, settings))
@@ -218,6 +219,8 @@ def stream(ctx: click.Context, module: str | None, program: tuple[str, ...],
     Same flags as record (but no -o): lines appear on stdout while the program runs. A
     summary line (events, lost events) goes to stderr at the end.
     """
+    from rethook.session import Session, Streamer
+
     prog = _program(ctx, module, program)
     settings = settings_from(params)
     fs, _ = _prepare(ctx, prog, settings)
@@ -244,6 +247,8 @@ def profile(ctx: click.Context, module: str | None, program: tuple[str, ...],
     function makes; -O nograph-time gives self time. -O nosleep-time leaves out the time
     generators and coroutines spent suspended.
     """
+    from rethook.session import ProfileObserver, Session
+
     prog = _program(ctx, module, program)
     settings = settings_from(params, tracer="nop")
     fs, _ = _prepare(ctx, prog, settings, tracer=False)
@@ -271,8 +276,11 @@ def demo(ctx: click.Context, output: str | None) -> None:
     thread. It is recorded with function_graph, its own functions only, with
     funcgraph-retval on, then reported.
     """
+    import tempfile
+
     from rethook.cli.reporting import report_file
     from rethook.examples import demo_path
+    from rethook.session import Program, TraceSettings
 
     prog = Program(script=demo_path(), args=[])
     settings = TraceSettings(tracer="function_graph", filters=["*:mod:__main__"],
@@ -366,6 +374,7 @@ def list_(ctx: click.Context, tracers: bool, options: bool, functions: str | Non
       rethook list -f 'dump*' -m json    functions of the module json
     """
     from rethook.cli import listing
+    from rethook.session import ProgramError
 
     if functions is None and (module is not None or program):
         functions = "*"

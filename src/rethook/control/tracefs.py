@@ -19,18 +19,24 @@ raises :class:`TracefsError` naming the file and what was wrong with the text.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 from rethook.buffer.ring import TracePipe
 from rethook.engine.core import notrace
 from rethook.engine.filters import FilterError, FunctionFilter
-from rethook.output.text import Threads, describer, render, renderer_for
-from rethook.probes.events import DynamicEvents, ProbeError, ProbeEvent
-from rethook.probes.evfilter import FilterSyntaxError
-from rethook.probes.fetch import ProbeSyntaxError
+from rethook.engine.registry import is_own_module
+from rethook.probes.dynamic import DynamicEvents, ProbeError
 from rethook.tracers import TRACERS
 from rethook.tracers.base import OptionError, TraceContext, Tracer
 from rethook.tracers.commands import Commands
 from rethook.tracers.profiler import FunctionProfiler, stat_table
+
+if TYPE_CHECKING:
+    from rethook.probes.events import ProbeEvent
+
+# The text views (rethook.output) and the probe machinery (rethook.probes.events, loaded by
+# the first definition written) are imported where they are used: recording a trace needs
+# neither, and the command line's start-up is a cost every run pays.
 
 
 class TracefsError(ValueError):
@@ -174,6 +180,8 @@ class Tracefs:
 
     # --- trace and trace_pipe -------------------------------------------------------------
     def _read_trace(self) -> str:
+        from rethook.output.text import render
+
         buf = self.ctx.buffer
         totals = buf.totals()
         lines = render(self.tracer.name, buf.iter_trace(), self.ctx.formats, buf.threads(),
@@ -193,6 +201,8 @@ class Tracefs:
 
     def _pipe_lines(self, timeout: float | None) -> Iterator[str]:
         if self._pipe is None:
+            from rethook.output.text import Threads, renderer_for
+
             self._pipe = self.ctx.buffer.pipe()
             self._pipe_renderer = renderer_for(self.tracer.name, self.ctx.formats,
                                                Threads(self.ctx.buffer.threads()),
@@ -298,9 +308,13 @@ class Tracefs:
 
     def describe(self):
         """How this instance's events print (probe events in the kernel's shape)."""
+        from rethook.output.text import describer
+
         return describer(self.dynamic.formatter().describe)
 
     def _write_events(self, path: str, text: str, append: bool, only: str) -> None:
+        from rethook.probes.fetch import ProbeSyntaxError
+
         try:
             self.dynamic.write(text, append=append, only=only)
         except (ProbeSyntaxError, ProbeError) as e:
@@ -326,6 +340,8 @@ class Tracefs:
         event = self.dynamic.get(parts[1], parts[2])
         if event is None:
             raise TracefsError(path, text or "", f"no event {parts[1]}/{parts[2]}")
+        from rethook.probes.evfilter import FilterSyntaxError  # loaded with the event
+
         leaf = parts[3]
         if text is None:
             return {"enable": lambda: f"{int(event.enabled)}\n",
@@ -357,7 +373,7 @@ class Tracefs:
     # --- listings and the profiler --------------------------------------------------------
     def _read_functions(self) -> str:
         return "".join(f"{info.name}\n" for info in self.ctx.registry.functions()
-                       if not info.module.startswith("rethook"))
+                       if not is_own_module(info.module))
 
     def _read_enabled(self) -> str:
         lines = []
