@@ -92,6 +92,9 @@ case "$cmd" in
         exec "$venv/bin/python" -m rethook demo "$@" ;;
     test)
         setup
+        # Byte code for src/ even under PYTHONDONTWRITEBYTECODE: the suite starts rethook in
+        # hundreds of subprocesses, each of which would otherwise compile every module it loads.
+        "$venv/bin/python" -m compileall -q src >/dev/null
         # One worker per core (pytest-xdist); RETHOOK_TEST_JOBS=0 runs in this process.
         exec "$venv/bin/python" -m pytest -n "${RETHOOK_TEST_JOBS:-auto}" "$@" ;;
     bench)
