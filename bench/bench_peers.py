@@ -17,11 +17,11 @@ table shows medians over the pairs of:
 - start, run, finish: the tool's extra wall time before the program's first line, while it
   runs, and after its last line (the programs write their own start and end times: see
   bench/programs/_marks.py), each against the untraced run's;
-- lost: events the tool says it dropped (rethook's summary, trace0's "events dropped" or its
-  dropped-events counter in the file, viztracer's full-buffer warning; cProfile keeps counts
-  only); events: what the tool says it wrote;
+- lost: events the tool says it dropped, median (and how many runs lost any): rethook's
+  summary, trace0's "events dropped" or its dropped-events counter in the file, viztracer's
+  full-buffer warning; cProfile keeps counts only; events: what the tool says it wrote;
 - file: the trace file's size; RSS: peak resident memory of the run's process tree
-  (``wait4``'s ``ru_maxrss``, as ``/usr/bin/time -v`` reports it).
+  (``/usr/bin/time``'s, or ``wait4``'s ``ru_maxrss``), the untraced run's in parentheses.
 
 Workloads: ``sqlglot`` (bench/programs/sqlglot_transpile.py: SQL transpiled between
 dialects, ~1.1 M calls), pyperformance benchmarks run as plain scripts with
@@ -161,6 +161,12 @@ def command(tool: str, w: Workload, out: Path) -> list[str]:
     raise ValueError(tool)
 
 
+#: GNU time, when there: Linux gives an exec'd child at least the peak RSS of the process that
+#: forked it, so runs forked by this (bigger) script would all report at least its own peak;
+#: time(1) is a small process in between. Without it, wait4's ru_maxrss (this script stays
+#: small: it never reads a trace file whole).
+TIME = "/usr/bin/time" if os.access("/usr/bin/time", os.X_OK) else None
+
 SUFFIX = {"python": "", "rethook": ".dat", "trace0": ".pftrace", "viztracer": ".json",
           "cProfile": ".prof"}
 
@@ -173,6 +179,9 @@ def run_once(tool: str, w: Workload, work: Path) -> Run:
             p.unlink()
     cmd = command(tool, w, out)
     err_path = work / "stderr.txt"
+    rss_path = work / "rss.txt"
+    if TIME is not None:  # its own small process forks the run: see peak_rss()
+        cmd = [TIME, "-f", "%M", "-o", str(rss_path), *cmd]
     with open(err_path, "w") as err:
         t0 = time.time()
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err,
@@ -180,11 +189,14 @@ def run_once(tool: str, w: Workload, work: Path) -> Run:
         _, status, usage = os.wait4(proc.pid, 0)
         t1 = time.time()
     stderr = err_path.read_text(errors="replace")
+    rss_kb = usage.ru_maxrss
+    if TIME is not None and rss_path.exists():
+        rss_kb = int(rss_path.read_text().split()[-1])
     m = dict(_read_marks(marks))
     start = m["start"] - t0 if "start" in m else None
     inrun = m["end"] - m["start"] if "start" in m and "end" in m else None
     finish = t1 - m["end"] if "end" in m else None
-    r = Run(tool, w.name, t1 - t0, start, inrun, finish, usage.ru_maxrss,
+    r = Run(tool, w.name, t1 - t0, start, inrun, finish, rss_kb,
             os.waitstatus_to_exitcode(status), out.stat().st_size if out.exists() else 0)
     _read_counts(r, stderr, out)
     if r.status != 0:
@@ -230,7 +242,7 @@ def _read_counts(r: Run, stderr: str, out: Path) -> None:
 def _file_mentions(path: Path, needle: bytes) -> bool:
     with open(path, "rb") as f:
         tail = b""
-        while chunk := f.read(1 << 24):
+        while chunk := f.read(1 << 20):
             if needle in tail + chunk:
                 return True
             tail = chunk[-len(needle):]
@@ -264,6 +276,7 @@ def summarize(w: Workload, tool: str, pairs: list[Pair]) -> dict:
                      else get(p.traced) - get(p.base) for p in ok])
 
     losts = [p.traced.lost for p in ok]
+    known = [x for x in losts if x is not None]
     return {
         "workload": w.name, "tool": tool, "pairs": len(ok), "calls": w.calls,
         "ratio": _med([p.traced.wall / p.base.wall for p in ok]),
@@ -271,7 +284,8 @@ def summarize(w: Workload, tool: str, pairs: list[Pair]) -> dict:
         "start": delta(lambda r: r.start), "inrun": delta(lambda r: r.inrun),
         "finish": delta(lambda r: r.finish),
         "base_wall": _med([p.base.wall for p in ok]),
-        "lost": None if any(x is None for x in losts) else max(losts),
+        "lost": None if len(known) < len(losts) else statistics.median(known),
+        "runs_losing": sum(1 for x in known if x),
         "events": _med([p.traced.events for p in ok]),
         "file": _med([p.traced.file_size for p in ok]),
         "rss_mb": max(p.traced.rss_kb for p in ok) / 1024,
@@ -296,7 +310,7 @@ def _size(n: float | None) -> str:
 
 def table(rows: list[dict]) -> str:
     head = ("| workload | tool | ratio | ns/call | start | run | finish | lost | events | file "
-            "| peak RSS | pairs |")
+            "| peak RSS (untraced) | pairs |")
     lines = [head, "|" + "---|" * 12]
     for r in rows:
         if r.get("failed"):
@@ -304,7 +318,9 @@ def table(rows: list[dict]) -> str:
             lines.append(f"| {r['workload']} | {r['tool']} | failed: {err[0][:80]} |"
                          + " |" * 9)
             continue
-        lost = "?" if r["lost"] is None else f"{r['lost']:,}"
+        lost = "?" if r["lost"] is None else f"{r['lost']:,.0f}"
+        if r["runs_losing"]:
+            lost += f" ({r['runs_losing']}/{r['pairs']} runs)"
         if r["note"]:
             lost += f" ({r['note']})"
         events = "—" if r["events"] is None else f"{r['events']:,.0f}"
@@ -312,7 +328,7 @@ def table(rows: list[dict]) -> str:
             f"| {r['workload']} | {r['tool']} | {r['ratio']:.2f}x | {r['ns_per_call']:.0f} "
             f"| {_fmt(r['start'], '+.2f', ' s')} | {_fmt(r['inrun'], '+.2f', ' s')} "
             f"| {_fmt(r['finish'], '+.2f', ' s')} | {lost} | {events} | {_size(r['file'])} "
-            f"| {r['rss_mb']:.0f} MB | {r['pairs']} |")
+            f"| {r['rss_mb']:.0f} MB ({r['base_rss_mb']:.0f}) | {r['pairs']} |")
     return "\n".join(lines)
 
 
