@@ -5,7 +5,7 @@
 #   ./dev.sh test [ARGS]     set up .venv (if needed) and run the whole test suite on every core
 #                            (ARGS go to pytest; RETHOOK_TEST_JOBS=N sets the number of workers)
 #   ./dev.sh setup           only set up .venv
-#   ./dev.sh bench           run the benchmarks in bench/
+#   ./dev.sh bench [ARGS]    run the benchmarks in bench/ (installs the bench extra: the peers)
 #
 # rethook needs CPython >= 3.12 (it is built on sys.monitoring). The interpreter is found in this
 # order: $RETHOOK_PYTHON; python3.13, python3.12, python3 on PATH; pyenv's installed versions
@@ -104,10 +104,19 @@ case "$cmd" in
     test)
         setup
         need_chromium
+        # Byte code for src/ even under PYTHONDONTWRITEBYTECODE: the suite starts rethook in
+        # hundreds of subprocesses, each of which would otherwise compile every module it loads.
+        "$venv/bin/python" -m compileall -q src >/dev/null
         # One worker per core (pytest-xdist); RETHOOK_TEST_JOBS=0 runs in this process.
         exec "$venv/bin/python" -m pytest -n "${RETHOOK_TEST_JOBS:-auto}" "$@" ;;
     bench)
         setup
+        # the peers bench/bench_peers.py measures against (trace0, viztracer) and its workloads
+        bstamp="$venv/.rethook-bench"
+        if [ "$(cat "$bstamp" 2>/dev/null)" != "$(cksum pyproject.toml)" ]; then
+            "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[bench]"
+            cksum pyproject.toml > "$bstamp"
+        fi
         for b in bench/bench_*.py; do "$venv/bin/python" "$b" "$@"; done ;;
     lint)
         setup

@@ -61,3 +61,20 @@ def test_environment_forces_the_system_clock():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={**os.environ, "RETHOOK_CLOCK": "monotonic"}, check=True)
     assert out.stdout.split() == ["monotonic", "RETHOOK_CLOCK=monotonic", "True"]
+
+
+def test_calibration_ends_at_the_first_reading():
+    """Importing the clock takes the calibration's first pair and does not wait; the first
+    reading (here the C core's) ends it, over the whole interval since the import (30 ms of
+    sleep here) and never less than 5 ms; C and Python then read one clock."""
+    pytest.importorskip("rethook.engine._clock")
+    code = ("import time; from rethook.engine import _clock, _ccore; time.sleep(0.03); "
+            "a = _ccore.now(); b = _clock.now(); c = _ccore.now(); "
+            "print(_clock.source(), _clock.why(), a <= b <= c)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    if not out.startswith("tsc "):
+        pytest.skip(f"the TSC is not used here: {out.strip()}")
+    ms = float(out.split("calibrated over ")[1].split(" ms")[0])
+    assert ms >= 30.0
+    assert out.split()[-1] == "True"

@@ -10,13 +10,15 @@ arguments and hands the rest over behind a ``--``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from rethook import limits
-from rethook.runner.settings import TraceSettings
-from rethook.tracers import TRACERS
+from rethook.tracers import TRACER_NAMES
+
+if TYPE_CHECKING:  # the runner loads the engine: only the command that runs a program needs it
+    from rethook.runner.settings import TraceSettings
 
 #: Default ``-b`` of record and stream (KiB per thread): about 64k events.
 RECORD_BUFFER_KB = 8192
@@ -110,9 +112,9 @@ def module_option(f: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _tracer_option() -> Callable[..., Any]:
-    return click.option("-p", "tracer", type=click.Choice(list(TRACERS)), default="function_graph",
+    return click.option("-p", "tracer", type=click.Choice(TRACER_NAMES), default="function_graph",
                         show_default=True, metavar="TRACER",
-                        help=f"The tracer (current_tracer): {', '.join(TRACERS)}.")
+                        help=f"The tracer (current_tracer): {', '.join(TRACER_NAMES)}.")
 
 
 _FILTER_OPTIONS = [
@@ -208,6 +210,8 @@ def trace_options(graph: bool = True) -> Callable[[Callable[..., Any]], Callable
 
 def settings_from(params: dict[str, Any], tracer: str | None = None) -> TraceSettings:
     """TraceSettings from a command's Click parameters."""
+    from rethook.runner.settings import TraceSettings
+
     ctx = click.get_current_context(silent=True)
     groups = ctx.meta.get("probe_events") if ctx is not None else None
     if groups is None:
@@ -227,3 +231,16 @@ def settings_from(params: dict[str, Any], tracer: str | None = None) -> TraceSet
         buffer_kb=params.get("buffer_kb"),
         follow=params.get("follow", True),
     )
+
+
+def check_sort(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    """``--sort``: a column of the profile table (or cProfile's name for it)."""
+    if value is None:
+        return None
+    from rethook.output.profile import SORT_COLUMNS, SORT_KEYS
+
+    if value not in SORT_KEYS:
+        aliases = ", ".join(k for k in SORT_KEYS if k not in SORT_COLUMNS)
+        raise click.BadParameter(f"{value!r} is not a column: {', '.join(SORT_COLUMNS)} "
+                                 f"(or cProfile's {aliases})")
+    return value

@@ -14,32 +14,31 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import platform
 import signal
 import sys
-import tempfile
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
 import rethook
 from rethook.cli.args import (
     ProgramCommand,
+    check_sort,
     module_option,
     program_argument,
     settings_from,
     trace_options,
 )
 from rethook.cli.exports import EXPORTERS
-from rethook.cli.summaries import check_sort, show_profile
-from rethook.control.tracefs import Tracefs
-from rethook.engine import toolid
 from rethook.printable import printable
-from rethook.runner.follow import Follow
-from rethook.runner.observers import ProfileObserver, Recorder, Streamer, trace_meta
-from rethook.runner.program import Outcome, Program, ProgramError
-from rethook.runner.run import Session
-from rethook.runner.settings import SettingError, TraceSettings, configure, register_program
+
+# Start-up: importing this module loads click and nothing else of weight (``rethook --help``
+# stays quick); each command imports what it uses when it runs. tests/test_startup.py checks.
+if TYPE_CHECKING:
+    from rethook.control.tracefs import Tracefs
+    from rethook.runner.follow import Follow
+    from rethook.runner.program import Outcome, Program
+    from rethook.runner.settings import TraceSettings
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -47,6 +46,8 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 def _version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
     if not value or ctx.resilient_parsing:
         return
+    import platform
+
     from rethook.engine.engine import get_engine
 
     core = get_engine().core
@@ -99,6 +100,8 @@ def cli() -> None:
 
 # --- running programs ------------------------------------------------------------------------
 def _program(ctx: click.Context, module: str | None, program: tuple[str, ...]) -> Program:
+    from rethook.runner.program import Program
+
     if module is not None:
         return Program(module=module, args=program)
     if not program:
@@ -108,6 +111,8 @@ def _program(ctx: click.Context, module: str | None, program: tuple[str, ...]) -
 
 
 def _load(ctx: click.Context, program: Program) -> None:
+    from rethook.runner.program import ProgramError
+
     try:
         program.load()
     except ProgramError as e:
@@ -126,6 +131,10 @@ def _syntax_error(e: SyntaxError) -> NoReturn:
 def _prepare(ctx: click.Context, program: Program, settings: TraceSettings,
              tracer: bool = True) -> tuple[Tracefs, list[str]]:
     """Load the program, register its code, and configure a Tracefs for it (tracing off)."""
+    from rethook.control.tracefs import Tracefs
+    from rethook.engine import toolid
+    from rethook.runner.settings import SettingError, configure, register_program
+
     try:
         toolid.require_free()
     except toolid.ToolIdError as e:  # another tool (a sitecustomize, a debugger) has them all
@@ -195,6 +204,10 @@ def record(ctx: click.Context, output: str, module: str | None, program: tuple[s
 
 
 def _record(ctx: click.Context, prog: Program, settings: TraceSettings, output: str) -> Outcome:
+    from rethook.runner.observers import Recorder, trace_meta
+    from rethook.runner.run import Session
+    from rethook.runner.settings import SettingError
+
     fs, filters = _prepare(ctx, prog, settings)
     try:
         children = _follow("record", settings, filters, output)
@@ -218,6 +231,8 @@ def _follow(mode: str, settings: TraceSettings, filters: list[str],
     """The run's child processes (None with --no-follow): they trace what this one does.
     The default filter goes to them resolved (the parent program's own modules), with the
     names multiprocessing gives the parent's __main__ in spawned children."""
+    from rethook.runner.follow import Follow
+
     if not settings.follow:
         return None
     chosen = list(filters) or list(settings.filters)
@@ -238,6 +253,9 @@ def stream(ctx: click.Context, module: str | None, program: tuple[str, ...],
     Same flags as record (but no -o): lines appear on stdout while the program runs. A
     summary line (events, lost events) goes to stderr at the end.
     """
+    from rethook.runner.observers import Streamer
+    from rethook.runner.run import Session
+
     prog = _program(ctx, module, program)
     settings = settings_from(params)
     fs, filters = _prepare(ctx, prog, settings)
@@ -275,6 +293,10 @@ def profile(ctx: click.Context, module: str | None, program: tuple[str, ...],
     generators and coroutines spent suspended. With -o FILE the profile goes to a pstats file
     instead.
     """
+    from rethook.cli.summaries import show_profile
+    from rethook.runner.observers import ProfileObserver
+    from rethook.runner.run import Session
+
     prog = _program(ctx, module, program)
     settings = settings_from(params, tracer="nop")
     fs, filters = _prepare(ctx, prog, settings, tracer=False)
@@ -318,8 +340,12 @@ def demo(ctx: click.Context, output: str | None) -> None:
     thread. It is recorded with function_graph, its own functions only, with
     funcgraph-retval on, then reported.
     """
+    import tempfile
+
     from rethook.cli.reporting import report_file
     from rethook.examples import demo_path
+    from rethook.runner.program import Program
+    from rethook.runner.settings import TraceSettings
 
     prog = Program(script=demo_path(), args=[])
     settings = TraceSettings(tracer="function_graph", filters=["*:mod:__main__"],
@@ -457,6 +483,7 @@ def list_(ctx: click.Context, tracers: bool, options: bool, functions: str | Non
       rethook list -f 'dump*' -m json    functions of the module json
     """
     from rethook.cli import listing
+    from rethook.runner.program import ProgramError
 
     if functions is None and (module is not None or program):
         functions = "*"

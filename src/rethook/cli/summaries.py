@@ -11,23 +11,8 @@ import os
 import sys
 from typing import IO, Any
 
-import click
-
 from rethook.runner.observers import emit, human_size
 from rethook.tracers.profiler import FunctionStat, add_stats
-
-
-def check_sort(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
-    """``--sort``: a column of the profile table (or cProfile's name for it)."""
-    if value is None:
-        return None
-    from rethook.output.profile import SORT_COLUMNS, SORT_KEYS
-
-    if value not in SORT_KEYS:
-        aliases = ", ".join(k for k in SORT_KEYS if k not in SORT_COLUMNS)
-        raise click.BadParameter(f"{value!r} is not a column: {', '.join(SORT_COLUMNS)} "
-                                 f"(or cProfile's {aliases})")
-    return value
 
 
 def print_profile(stats: list[FunctionStat], out: IO[str], *, sort: str | None,

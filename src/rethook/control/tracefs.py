@@ -19,19 +19,25 @@ raises :class:`TracefsError` naming the file and what was wrong with the text.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 from rethook import limits
 from rethook.buffer.ring import TracePipe
 from rethook.engine.core import notrace
 from rethook.engine.filters import FilterError, FunctionFilter
-from rethook.output.text import Threads, describer, render, renderer_for, stat_table
-from rethook.probes.events import DynamicEvents, ProbeError, ProbeEvent
-from rethook.probes.evfilter import FilterSyntaxError
-from rethook.probes.fetch import ProbeSyntaxError
+from rethook.engine.registry import is_own_module
+from rethook.probes.dynamic import DynamicEvents, ProbeError
 from rethook.tracers import TRACERS
 from rethook.tracers.base import OptionError, TraceContext, Tracer
 from rethook.tracers.commands import Commands
 from rethook.tracers.profiler import FunctionProfiler, FunctionStat
+
+if TYPE_CHECKING:
+    from rethook.probes.events import ProbeEvent
+
+# The text views (rethook.output) and the probe machinery (rethook.probes.events, loaded by
+# the first definition written) are imported where they are used: recording a trace needs
+# neither, and the command line's start-up is a cost every run pays.
 
 
 class TracefsError(ValueError):
@@ -178,6 +184,8 @@ class Tracefs:
 
     # --- trace and trace_pipe -------------------------------------------------------------
     def _read_trace(self) -> str:
+        from rethook.output.text import render
+
         buf = self.ctx.buffer
         totals = buf.totals()
         lines = render(self.tracer.name, buf.iter_trace(lookahead=True), self.ctx.formats,
@@ -198,6 +206,8 @@ class Tracefs:
 
     def _pipe_lines(self, timeout: float | None) -> Iterator[str]:
         if self._pipe is None:
+            from rethook.output.text import Threads, renderer_for
+
             self._pipe = self.ctx.buffer.pipe()
             self._pipe_renderer = renderer_for(self.tracer.name, self.ctx.formats,
                                                Threads(self.ctx.buffer.threads()),
@@ -372,9 +382,13 @@ class Tracefs:
 
     def describe(self):
         """How this instance's events print (probe events in the kernel's shape)."""
+        from rethook.output.text import describer
+
         return describer(self.dynamic.formatter().describe)
 
     def _write_events(self, path: str, text: str, append: bool, only: str) -> None:
+        from rethook.probes.fetch import ProbeSyntaxError
+
         try:
             self.dynamic.write(text, append=append, only=only)
         except (ProbeSyntaxError, ProbeError) as e:
@@ -400,6 +414,8 @@ class Tracefs:
         event = self.dynamic.get(parts[1], parts[2])
         if event is None:
             raise TracefsError(path, text or "", f"no event {parts[1]}/{parts[2]}")
+        from rethook.probes.evfilter import FilterSyntaxError  # loaded with the event
+
         leaf = parts[3]
         if text is None:
             return {"enable": lambda: f"{int(event.enabled)}\n",
@@ -431,7 +447,7 @@ class Tracefs:
     # --- listings and the profiler --------------------------------------------------------
     def _read_functions(self) -> str:
         return "".join(f"{info.name}\n" for info in self.ctx.registry.functions()
-                       if not info.module.startswith("rethook"))
+                       if not is_own_module(info.module))
 
     def _read_enabled(self) -> str:
         lines = []
@@ -456,6 +472,8 @@ class Tracefs:
         if index is None:
             raise TracefsError(path, "", "no such file (see listdir())")
         ops = self.profiler.last
+        from rethook.output.text import stat_table
+
         return stat_table(ops.stats(self.ctx.name, tids[index]))
 
     def function_locations(self, named: Callable[[str], bool]) -> dict[str, list]:

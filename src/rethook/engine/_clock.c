@@ -8,8 +8,9 @@
  * The TSC is used when all of these hold: x86-64; the kernel's clocksource is "tsc" (it checks
  * that the counter is in step on every CPU, and switches away when it is not); /proc/cpuinfo
  * has constant_tsc and nonstop_tsc (the rate never changes, the counter never stops); and
- * RETHOOK_CLOCK is not "monotonic" (or "mono"). The choice and the calibration are made once,
- * at import, and never change while the process runs: a trace has one clock.
+ * RETHOOK_CLOCK is not "monotonic" (or "mono"). The choice is made at import and the
+ * calibration finished at the first reading (clock.h); neither changes while the process runs:
+ * a trace has one clock.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -19,7 +20,12 @@
 
 #include "clock.h"
 
-static rh_clock the_clock; /* use_tsc 0 until calibrated */
+static void finish(void);
+static rh_clock the_clock = {.finish = finish}; /* use_tsc 0 until chosen */
+#if RH_HAVE_TSC
+static int64_t start_ns; /* the calibration's first pair, taken at import */
+static uint64_t start_tsc;
+#endif
 static char why_text[200] = "not checked";
 
 /* 1 if the file's first line is exactly want. */
@@ -105,27 +111,40 @@ choose(void)
         snprintf(why_text, sizeof why_text, "the CPU lacks constant_tsc or nonstop_tsc");
         return;
     }
-    int64_t ns0, ns1;
-    uint64_t tsc0, tsc1;
-    read_pair(&ns0, &tsc0);
+    read_pair(&start_ns, &start_tsc);
+    the_clock.use_tsc = RH_CLOCK_PENDING; /* finish() calibrates, at the first reading */
+#else
+    snprintf(why_text, sizeof why_text, "no TSC on this architecture");
+#endif
+}
+
+/* The rest of the calibration: a second pair at least RH_CLOCK_CALIBRATE_NS after the first
+ * (waiting only for what is left of that), the scale between them. */
+static void
+finish(void)
+{
+#if RH_HAVE_TSC
+    if (the_clock.use_tsc != RH_CLOCK_PENDING)
+        return;
+    int64_t ns1;
+    uint64_t tsc1;
     do {
         read_pair(&ns1, &tsc1);
-    } while (ns1 - ns0 < RH_CLOCK_CALIBRATE_NS);
-    if (tsc1 <= tsc0) {
+    } while (ns1 - start_ns < RH_CLOCK_CALIBRATE_NS);
+    if (tsc1 <= start_tsc) {
         snprintf(why_text, sizeof why_text, "the TSC did not advance while calibrating");
+        the_clock.use_tsc = 0;
         return;
     }
-    the_clock.mult = (uint64_t)((((unsigned __int128)(ns1 - ns0)) << RH_CLOCK_SHIFT) /
-                                (tsc1 - tsc0));
+    the_clock.mult = (uint64_t)((((unsigned __int128)(ns1 - start_ns)) << RH_CLOCK_SHIFT) /
+                                (tsc1 - start_tsc));
     the_clock.tsc0 = tsc1;
     the_clock.ns0 = ns1;
     the_clock.use_tsc = 1;
     snprintf(why_text, sizeof why_text,
-             "the kernel's clocksource is tsc; %.4f ns per tick, calibrated over %d ms",
+             "the kernel's clocksource is tsc; %.4f ns per tick, calibrated over %.1f ms",
              (double)the_clock.mult / (double)(1ULL << RH_CLOCK_SHIFT),
-             RH_CLOCK_CALIBRATE_NS / 1000000);
-#else
-    snprintf(why_text, sizeof why_text, "no TSC on this architecture");
+             (double)(ns1 - start_ns) / 1e6);
 #endif
 }
 
@@ -138,12 +157,14 @@ now(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(arg))
 static PyObject *
 source(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(arg))
 {
+    finish(); /* the calibration can still fail (a TSC that does not advance) */
     return PyUnicode_FromString(the_clock.use_tsc ? "tsc" : "monotonic");
 }
 
 static PyObject *
 why(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(arg))
 {
+    finish();
     return PyUnicode_FromString(why_text);
 }
 

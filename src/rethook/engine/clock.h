@@ -10,8 +10,12 @@
  *     ns = ns0 + ((tsc - tsc0) * mult) >> RH_CLOCK_SHIFT
  *
  * with (tsc0, ns0) one reading of both taken together and mult measured against
- * CLOCK_MONOTONIC over RH_CLOCK_CALIBRATE_NS when _clock is imported (error a few ppm: a few
- * microseconds per second of trace against the system clock; durations are off by as much).
+ * CLOCK_MONOTONIC from _clock's import to the first reading of the clock, and over at least
+ * RH_CLOCK_CALIBRATE_NS (error a few ppm: a few microseconds per second of trace against the
+ * system clock; durations are off by as much). Until that first reading use_tsc is
+ * RH_CLOCK_PENDING and the reader calls finish(), which waits out what is left of the
+ * interval; a command line's start-up is longer than that, so in practice nobody waits, and
+ * the import does not spin for it.
  * rethook.engine._clock owns the one calibration; _ccore and _native read it through the
  * capsule RH_CLOCK_CAPSULE, and Python reads it with _clock.now(). Without _clock, everything
  * reads CLOCK_MONOTONIC directly, which is the same clock.
@@ -31,13 +35,15 @@
 
 #define RH_CLOCK_CAPSULE "rethook.engine._clock._C_API"
 #define RH_CLOCK_SHIFT 32
-#define RH_CLOCK_CALIBRATE_NS 5000000 /* 5 ms */
+#define RH_CLOCK_CALIBRATE_NS 5000000 /* 5 ms at least */
+#define RH_CLOCK_PENDING (-1)           /* use_tsc: the TSC, once finish() has calibrated it */
 
 typedef struct {
-    int use_tsc;   /* 0: clock_gettime(CLOCK_MONOTONIC) */
+    int use_tsc;   /* 1: the TSC; 0: clock_gettime(CLOCK_MONOTONIC); or RH_CLOCK_PENDING */
     uint64_t tsc0; /* a TSC reading ... */
     int64_t ns0;   /* ... and CLOCK_MONOTONIC at the same moment */
     uint64_t mult; /* ns per TSC tick << RH_CLOCK_SHIFT */
+    void (*finish)(void); /* ends the calibration (use_tsc becomes 1); callers hold the GIL */
 } rh_clock;
 
 static inline int64_t
@@ -53,9 +59,13 @@ static inline int64_t
 rh_clock_ns(const rh_clock *c)
 {
 #if RH_HAVE_TSC
-    if (c != NULL && c->use_tsc) {
+    if (c != NULL && c->use_tsc > 0) {
         uint64_t d = __rdtsc() - c->tsc0;
         return c->ns0 + (int64_t)(((unsigned __int128)d * c->mult) >> RH_CLOCK_SHIFT);
+    }
+    if (c != NULL && c->use_tsc == RH_CLOCK_PENDING) { /* the first reading, once */
+        c->finish();
+        return rh_clock_ns(c);
     }
 #endif
     (void)c;

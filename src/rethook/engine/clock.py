@@ -6,25 +6,36 @@ reads the TSC scaled onto CLOCK_MONOTONIC, which costs half as much per reading;
 and the native users read the same calibration (engine/clock.h explains it). Every Python
 writer of events stamps them with ``now_ns`` too, so events merge in the order they happened.
 ``RETHOOK_CLOCK=monotonic`` forces the system clock.
+
+The calibration ends at the first reading (or when ``source`` or ``why`` is asked for), not
+at import: importing this module costs no wait.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 try:
     from rethook.engine import _clock
 except ImportError as e:  # not built: the system clock, which is the same clock
+    _clock = None
     now_ns: Callable[[], int] = time.perf_counter_ns
-    source = "monotonic"
-    why = f"the clock extension is not built ({e})"
+    _not_built = f"the clock extension is not built ({e})"
 else:
     now_ns = _clock.now
-    source = _clock.source()
-    why = _clock.why()
+
+
+def __getattr__(name: str) -> Any:
+    """``source`` ("tsc" or "monotonic") and ``why`` (the reason for it)."""
+    if name == "source":
+        return _clock.source() if _clock is not None else "monotonic"
+    if name == "why":
+        return _clock.why() if _clock is not None else _not_built
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def note() -> str:
     """One line for ``rethook --version``."""
-    return f"clock: {source} ({why})"
+    return f"clock: {__getattr__('source')} ({__getattr__('why')})"

@@ -64,7 +64,7 @@ from rethook.engine.core import (
     make_marker,
 )
 from rethook.engine.filters import FunctionFilter
-from rethook.engine.registry import FunctionInfo, Registry, default_registry
+from rethook.engine.registry import FunctionInfo, Registry, default_registry, is_own_module
 from rethook.engine.select import choose_core
 
 #: Number of graph-user slots (the kernel's FGRAPH_ARRAY_SIZE is 16).
@@ -110,7 +110,7 @@ def _leave_events(tool_id: int, code: CodeType, events: int) -> None:
 
 def _own_code(info: FunctionInfo) -> bool:
     """rethook never hooks itself (the kernel's ``notrace`` on the tracing code)."""
-    return info.module == "rethook" or info.module.startswith("rethook.")
+    return is_own_module(info.module)
 
 
 class _Ops:

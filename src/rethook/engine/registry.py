@@ -71,7 +71,7 @@ from types import (
 )
 from typing import Any
 
-__all__ = ["FunctionInfo", "Registry", "default_registry", "code_kind"]
+__all__ = ["FunctionInfo", "Registry", "default_registry", "code_kind", "is_own_module"]
 
 # co_flags bits (the inspect module has them too, but importing inspect is slow).
 _CO_NEWLOCALS = 0x0002
@@ -143,6 +143,12 @@ def code_kind(code: CodeType) -> str:
     if name in ("<listcomp>", "<setcomp>", "<dictcomp>"):  # only outside 3.12+'s inlining
         return "comprehension"
     return "function"
+
+
+def is_own_module(name: str) -> bool:
+    """rethook's own code (the kernel's ``notrace`` on the tracing code): never hooked, never
+    listed, and not registered by scans (it is a fifth of what a start-up scan meets)."""
+    return name == "rethook" or name.startswith("rethook.")
 
 
 def _is_synthetic(filename: str) -> bool:
@@ -516,6 +522,8 @@ class Registry:
         tops: list[tuple[CodeType, str, str]] = []
         for f, code in fresh:
             module = self._function_module(f)
+            if is_own_module(module):
+                continue
             qualname = code.co_qualname
             if _is_synthetic(code.co_filename):
                 # Generated code (dataclasses, namedtuple, attrs) compiles every method as
@@ -689,12 +697,14 @@ class Registry:
             prepared = self._prepared.pop(module, None)
             if prepared is not None and prepared[0] is not code:
                 self._forget(prepared[0])  # the file changed: the code that runs takes the names
-            entries: dict[int, _Entry] = {}
-            self._collect(code, module, None, entries, register_top=False)
-            new = _listable(self._commit(entries))
-            self._note_file(code.co_filename, module)
-            if module not in self._pending_namespaces:
-                self._pending_namespaces.append(module)
+            new: list[FunctionInfo] = []
+            if not is_own_module(module):  # rethook importing more of itself as it runs
+                entries: dict[int, _Entry] = {}
+                self._collect(code, module, None, entries, register_top=False)
+                new = _listable(self._commit(entries))
+                self._note_file(code.co_filename, module)
+                if module not in self._pending_namespaces:
+                    self._pending_namespaces.append(module)
         self._notify(found + new)
 
     def _on_module_loaded(self, module: ModuleType) -> None:

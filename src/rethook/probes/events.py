@@ -6,9 +6,9 @@ graph user for ``r:`` and ``f:...%return`` events, which capture their arguments
 event filter, triggers (``traceon``/``traceoff``/``stacktrace``/``hist``) and ``nhit``/``nmissed``
 counters. A new event is disabled, as in the kernel: it costs nothing until enabled.
 
-:class:`DynamicEvents` is the set of events of one trace instance, written and read as the
-``dynamic_events`` file; rejected commands go to :class:`ErrorLog` (the ``error_log`` file) and
-create nothing.
+The set of events of one trace instance, the ``dynamic_events`` file, is
+:class:`~rethook.probes.dynamic.DynamicEvents` (re-exported here); it imports this module when
+the first definition is written.
 
 Event record layout (after the common ``(format_id, ts, tid)``)::
 
@@ -31,7 +31,8 @@ from typing import Any
 from rethook.buffer.events import EventFormat
 from rethook.engine.engine import FgraphOps, FtraceOps
 from rethook.engine.filters import FilterError, FunctionFilter
-from rethook.probes.dynevent import DeleteDefinition, ProbeDefinition, parse_definition
+from rethook.probes.dynamic import DynamicEvents, ErrorLog, ProbeError
+from rethook.probes.dynevent import ProbeDefinition, parse_definition
 from rethook.probes.evfilter import EventFilter, FilterSyntaxError, compile_filter
 from rethook.probes.fetch import (
     FAULT,
@@ -49,45 +50,13 @@ from rethook.probes.triggers import (
     render_trigger_file,
 )
 from rethook.tracers.base import TraceContext
-from rethook.tracers.formats import FIRST_DYNAMIC_ID, STACKTRACE
+from rethook.tracers.formats import STACKTRACE
 from rethook.tracers.function import stack_text
 
 HEADER_FIELDS = (("__probe_func", "str"), ("__probe_caller", "str"), ("__probe_line", "u64"),
                  ("__faults", "u64"), ("__exc", "str"))
 N_HEADER = len(HEADER_FIELDS)
 _PLACEHOLDER = {"u64": 0, "s64": 0, "str": "", "bool": False, "f64": 0.0}
-
-
-class ProbeError(ValueError):
-    """A definition that parses but cannot be created (no such function, name in use...)."""
-
-    def __init__(self, message: str, text: str, position: int = 0) -> None:
-        self.message = message
-        self.text = text
-        self.position = position
-        super().__init__(message)
-
-    def log_entry(self) -> str:
-        return (f"trace_probe: error: {self.message}\n  Command: {self.text}\n"
-                f"{' ' * (11 + self.position)}^\n")
-
-
-class ErrorLog:
-    """The ``error_log`` file: the last few rejected commands, each with its caret line."""
-
-    LIMIT = 16
-
-    def __init__(self) -> None:
-        self.entries: list[str] = []
-
-    def add(self, entry: str) -> None:
-        self.entries = (self.entries + [entry.rstrip("\n") + "\n"])[-self.LIMIT:]
-
-    def read(self) -> str:
-        return "".join(self.entries)
-
-    def clear(self) -> None:
-        self.entries = []
 
 
 def _own_frame(frame: FrameType) -> bool:
@@ -361,101 +330,6 @@ class _ReturnProbeOps(_ProbeOps, FgraphOps):
             buf.append((ev.format.id, t1, buf.tid, name, caller, line, 0, "", *values))
         else:
             ev.record(t1, name, caller, line, values, exc, buf.append, buf.tid)
-
-
-class DynamicEvents:
-    """The probe events of one trace instance (the ``dynamic_events`` file and ``events/``)."""
-
-    def __init__(self, ctx: TraceContext) -> None:
-        self.ctx = ctx
-        self.events: dict[str, ProbeEvent] = {}  # "GRP/EVENT" -> event
-        # Every format ever made here -> its definition: events of a deleted (or redefined)
-        # probe still in the buffer keep printing as they were recorded.
-        self.printed: dict[str, str] = {}
-        self.error_log = ErrorLog()
-        self._next_id = FIRST_DYNAMIC_ID
-
-    def write(self, text: str, append: bool = True, only: str = "pfr") -> list[ProbeEvent]:
-        """``echo text >> dynamic_events``: one command per line; ``>`` (append=False)
-        first removes every event. A rejected command raises and creates nothing (the
-        commands before it in the same write stay, as in the kernel)."""
-        if not append:
-            busy = [e.full_name for e in self.events.values() if e.enabled]
-            if busy:
-                raise ProbeError(f"events are enabled: {', '.join(busy)} (disable them first)",
-                                 text.strip())
-            self.events.clear()
-        made = []
-        for line in text.splitlines():
-            line = line.split("#", 1)[0].strip()
-            if line:
-                made.extend(self._command(line, only))
-        return made
-
-    def _command(self, line: str, only: str) -> list[ProbeEvent]:
-        try:
-            d = parse_definition(line)
-            if isinstance(d, ProbeDefinition) and d.kind not in only:
-                raise ProbeError(f"{d.kind}: events are not accepted here (use dynamic_events)",
-                                 line)
-            if isinstance(d, DeleteDefinition):
-                self._delete(d, line)
-                return []
-            if d.full_name in self.events:
-                raise ProbeError(f"event {d.full_name} already exists", line)
-            fmt_name = d.full_name
-            n = 1
-            while fmt_name in self.printed:  # redefined after a delete: a new format
-                n += 1
-                fmt_name = f"{d.full_name}#{n}"
-            event = ProbeEvent(d, self.ctx, self._next_id, fmt_name)
-        except (ProbeSyntaxError, ProbeError) as e:
-            self.error_log.add(e.log_entry())
-            raise
-        self._next_id += 1
-        self.ctx.formats.add(event.format)
-        self.events[d.full_name] = event
-        self.printed[fmt_name] = d.canonical()
-        return [event]
-
-    def _delete(self, d: DeleteDefinition, line: str) -> None:
-        matches = [k for k, e in self.events.items()
-                   if e.name == d.event and (d.group is None or e.group == d.group)]
-        if not matches:
-            raise ProbeError(f"no event {d.event!r} to delete", line)
-        for key in matches:
-            if self.events[key].enabled:
-                raise ProbeError(f"event {key} is enabled (disable it first)", line)
-            del self.events[key]
-
-    def read(self, only: str = "pfr") -> str:
-        return "".join(e.defn.canonical() + "\n" for e in self.events.values()
-                       if e.defn.kind in only)
-
-    def get(self, group: str, name: str) -> ProbeEvent | None:
-        return self.events.get(f"{group}/{name}")
-
-    def groups(self) -> dict[str, list[ProbeEvent]]:
-        out: dict[str, list[ProbeEvent]] = {}
-        for e in self.events.values():
-            out.setdefault(e.group, []).append(e)
-        return out
-
-    def profile(self) -> str:
-        """``kprobe_profile``: each event's hits and misses."""
-        return "".join(f"  {e.name:<44} {e.nhit:>15} {e.nmissed:>15}\n"
-                       for e in self.events.values())
-
-    def definitions(self) -> list[str]:
-        return [e.defn.canonical() for e in self.events.values()]
-
-    def formatter(self) -> ProbeFormatter:
-        """Prints every event this instance ever defined (what a trace file keeps too)."""
-        return ProbeFormatter(self.printed)
-
-    def stop(self) -> None:
-        for e in self.events.values():
-            e.disable()
 
 
 class ProbeFormatter:

@@ -31,7 +31,6 @@ import json
 import os
 import re
 import sys
-import tempfile
 import threading
 import types
 from collections.abc import Callable, Iterator
@@ -75,6 +74,8 @@ class Follow:
             else:
                 os.mkdir(rundir)
         else:
+            import tempfile  # stream and profile only (start-up: test_startup)
+
             rundir = tempfile.mkdtemp(prefix="rethook-run-")
         follow = cls(rundir, mode, settings, os.getpid(), output is None)
         with open(os.path.join(rundir, _SETTINGS), "w", encoding="utf-8") as f:

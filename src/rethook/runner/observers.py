@@ -28,7 +28,6 @@ from rethook.buffer.tracefile import TraceWriter, events_in_file
 from rethook.control.tracefs import Tracefs
 from rethook.engine import clock
 from rethook.engine.core import notrace
-from rethook.output.text import Threads, renderer_for, switch_lines
 from rethook.runner.program import Program
 from rethook.runner.settings import SettingError, TraceSettings
 
@@ -402,6 +401,8 @@ class Streamer(_Drain):
         self._last_tid: int | None = None  # whose line was printed last (process switches)
 
     def start(self, fs: Tracefs) -> None:
+        from rethook.output.text import Threads, renderer_for  # only stream renders text
+
         out = self.out if self.out is not None else sys.stdout
         try:
             out.flush()  # what was printed before the program belongs before its events
@@ -429,6 +430,8 @@ class Streamer(_Drain):
         if first is not None:
             self.threads.pids.setdefault(first, pid)
             if last is not None and self.threads.pids.get(last) != pid:
+                from rethook.output.text import switch_lines
+
                 lines = [*switch_lines(self.threads, last, first), *lines]
             self._last_tid = next(item[2] for item in reversed(items) if isinstance(item, tuple))
         self._emit(lines)
@@ -446,6 +449,8 @@ class Streamer(_Drain):
                 continue
             renderer = self._renderers.get(id(tail))
             if renderer is None:
+                from rethook.output.text import renderer_for
+
                 renderer = self._renderers[id(tail)] = renderer_for(
                     self.fs.tracer.name, tail.formats, self.threads,
                     self.fs.ctx.options.as_dict(), describe=self.fs.describe())

@@ -1,0 +1,96 @@
+"""Start-up cost, guarded without timing: what the command line imports before it needs it.
+
+Every run of ``rethook`` pays for the modules it imports (and a registry scan meets every
+function they define), so each command loads only what it uses: ``rethook --help`` loads
+click and the command line's own modules; ``record`` loads the engine, the ring buffer and the
+trace file writer, but not the probe machinery (``-e`` loads it), the text views (``stream``
+and ``report`` do), perfetto, rich, platform or tempfile. The traced program itself reports
+``sys.modules`` here, as it sees them while it runs under ``rethook record``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+#: Loaded by the command line before it knows what to do (``--help``): nothing else of rethook.
+HELP_ALLOWED = ("rethook.cli", "rethook.tracers",  # the tracers' package: their names only
+                "rethook.limits", "rethook.printable")  # small, and import nothing
+#: Never needed to record a trace without probes.
+NOT_FOR_RECORD = ("rethook.probes.events", "rethook.probes.fetch", "rethook.probes.evfilter",
+                  "rethook.probes.hist", "rethook.probes.triggers", "rethook.probes.dynevent",
+                  "rethook.output", "rethook.cli.reporting", "rethook.cli.listing", "perfetto",
+                  "rich")
+#: Standard modules rethook imports only in the commands that use them (click itself imports
+#: some of them on some Pythons: 3.12's uuid imports platform).
+STDLIB_LATER = ("platform", "tempfile")
+#: The probe machinery, which a ``-e`` definition loads.
+PROBES = ("rethook.probes.events", "rethook.probes.fetch", "rethook.probes.evfilter")
+
+
+def _modules_after(code: str) -> set[str]:
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    return set(out.stdout.split())
+
+
+def _loaded(modules: set[str], names: tuple[str, ...]) -> list[str]:
+    return sorted(m for m in modules if any(m == n or m.startswith(n + ".") for n in names))
+
+
+def _ours(modules: set[str]) -> set[str]:
+    """The modules not loaded by importing click alone."""
+    return modules - _modules_after("import sys, click; print(' '.join(sys.modules))")
+
+
+def test_help_loads_only_the_command_line():
+    mods = _modules_after(textwrap.dedent("""
+        import io, sys
+        from rethook.cli.main import main
+        sys.argv, sys.stdout = ["rethook", "--help"], io.StringIO()
+        try:
+            main()
+        except SystemExit:
+            pass
+        assert "Usage: rethook" in sys.stdout.getvalue()
+        print(" ".join(sys.modules), file=sys.__stdout__)
+    """))
+    ours = sorted(m for m in mods if m.startswith("rethook."))
+    assert [m for m in ours if not m.startswith(HELP_ALLOWED)] == []
+    assert "rethook.tracers.base" not in mods  # the tracers are named, not imported
+    assert _loaded(_ours(mods), (*STDLIB_LATER, "rich")) == []
+
+
+def _record(tmp_path: Path, *flags: str) -> set[str]:
+    prog = tmp_path / "prog.py"
+    prog.write_text(textwrap.dedent("""
+        import sys
+
+        def main():
+            with open(sys.argv[1], "w") as f:
+                f.write(" ".join(sys.modules))
+
+        main()
+    """))
+    seen = tmp_path / "modules.txt"
+    r = subprocess.run([sys.executable, "-m", "rethook", "record", *flags,
+                        "-o", str(tmp_path / "t.dat"), str(prog), str(seen)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "0 lost" in r.stderr
+    return set(seen.read_text().split())
+
+
+def test_record_loads_no_probes_or_text_views(tmp_path):
+    mods = _record(tmp_path)
+    assert _loaded(mods, NOT_FOR_RECORD) == []
+    assert _loaded(_ours(mods), STDLIB_LATER) == []
+    assert "rethook.buffer.tracefile" in mods  # the sanity of the check: it sees rethook
+
+
+def test_a_probe_loads_the_probe_machinery(tmp_path):
+    mods = _record(tmp_path, "-p", "nop", "-e", "r:done __main__.main ret=$retval")
+    assert _loaded(mods, PROBES) == sorted(PROBES)
