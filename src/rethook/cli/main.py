@@ -28,6 +28,7 @@ from rethook.cli.args import (
     settings_from,
     trace_options,
 )
+from rethook.cli.ctl import attach_options, running_target
 from rethook.control.tracefs import Tracefs
 from rethook.session import (
     Outcome,
@@ -165,6 +166,7 @@ def _stderr(text: str) -> None:
 @trace_options()
 @click.option("-o", "output", default="trace.dat", show_default=True, metavar="FILE",
               help="Write the trace to FILE.")
+@attach_options()
 @module_option
 @program_argument
 @click.pass_context
@@ -182,7 +184,14 @@ def record(ctx: click.Context, output: str, module: str | None, program: tuple[s
       rethook record prog.py --its-own-flag
       rethook record -l 'parse*' -O funcgraph-retval -m mytool.cli input.txt
       rethook record -p function -l 'json.*' -o json.dat prog.py
+      rethook record -P 4242 --duration 10       (a running program: docs/control.md)
     """
+    pid = running_target(ctx, params, module, program)
+    if pid is not None:
+        from rethook.cli.ctl import record_running
+
+        sys.exit(record_running(pid, params["children"], settings_from(params), output,
+                                params["duration"]))
     prog = _program(ctx, module, program)
     settings = settings_from(params)
     outcome = _record(ctx, prog, settings, output)
@@ -208,6 +217,7 @@ def _record(ctx: click.Context, prog: Program, settings: TraceSettings, output: 
 
 @cli.command(cls=ProgramCommand, context_settings=CONTEXT)
 @trace_options()
+@attach_options(duration=False)
 @module_option
 @program_argument
 @click.pass_context
@@ -216,8 +226,14 @@ def stream(ctx: click.Context, module: str | None, program: tuple[str, ...],
     """Run a program and print its events live, as trace_pipe does.
 
     Same flags as record (but no -o): lines appear on stdout while the program runs. A
-    summary line (events, lost events) goes to stderr at the end.
+    summary line (events, lost events) goes to stderr at the end. With -P PID, the events of
+    a running process, until Ctrl-C.
     """
+    pid = running_target(ctx, params, module, program)
+    if pid is not None:
+        from rethook.cli.ctl import stream_running
+
+        sys.exit(stream_running(pid, params["children"], settings_from(params)))
     prog = _program(ctx, module, program)
     settings = settings_from(params)
     fs, _ = _prepare(ctx, prog, settings)
@@ -232,6 +248,7 @@ def stream(ctx: click.Context, module: str | None, program: tuple[str, ...],
 
 @cli.command(cls=ProgramCommand, context_settings=CONTEXT)
 @trace_options(graph=False)
+@attach_options()
 @module_option
 @program_argument
 @click.pass_context
@@ -242,8 +259,15 @@ def profile(ctx: click.Context, module: str | None, program: tuple[str, ...],
     The table (to stdout, after the program's own output) has ftrace's columns: Function,
     Hit, Time, Avg, s^2, all threads merged, longest time first. Time includes the calls a
     function makes; -O nograph-time gives self time. -O nosleep-time leaves out the time
-    generators and coroutines spent suspended.
+    generators and coroutines spent suspended. With -P PID, a running process, until Ctrl-C
+    or --duration.
     """
+    pid = running_target(ctx, params, module, program)
+    if pid is not None:
+        from rethook.cli.ctl import profile_running
+
+        sys.exit(profile_running(pid, params["children"], settings_from(params, tracer="nop"),
+                                 params["duration"]))
     prog = _program(ctx, module, program)
     settings = settings_from(params, tracer="nop")
     fs, _ = _prepare(ctx, prog, settings, tracer=False)
@@ -257,6 +281,59 @@ def profile(ctx: click.Context, module: str | None, program: tuple[str, ...],
         except BrokenPipeError:
             pass
     _exit(outcome)
+
+
+@cli.command(cls=ProgramCommand, context_settings=CONTEXT)
+@click.option("--no-follow", is_flag=True,
+              help="Forked children of the program do not open channels of their own.")
+@module_option
+@program_argument
+@click.pass_context
+def run(ctx: click.Context, no_follow: bool, module: str | None,
+        program: tuple[str, ...]) -> None:
+    """Run a program with its control channel open, tracing nothing until asked.
+
+    The program runs as 'python SCRIPT ARGS' would (as under record), at its untraced speed;
+    'rethook ctl PID ...', 'rethook record -P PID' and the like then trace it while it runs
+    (docs/control.md).
+    """
+    from rethook.cli.ctl import ControlObserver
+
+    prog = _program(ctx, module, program)
+    _load(ctx, prog)
+    fs = Tracefs()
+    assert prog.code is not None
+    fs.ctx.registry.add_code(prog.code, "__main__")
+    outcome = Session(prog, fs).run([ControlObserver(prog, follow_forks=not no_follow)])
+    _exit(outcome)
+
+
+@cli.command(context_settings={**CONTEXT, "ignore_unknown_options": True})
+@click.option("--children", is_flag=True,
+              help="PID and the processes below it that listen (a run's followed children).")
+@click.argument("words", nargs=-1, type=click.UNPROCESSED, metavar="[PID [COMMAND...]]")
+def ctl(children: bool, words: tuple[str, ...]) -> None:
+    """Read and write a running program's tracefs files (docs/control.md).
+
+    \b
+      rethook ctl                                 the processes that listen
+      rethook ctl PID ls                          its files
+      rethook ctl PID cat enabled_functions
+      rethook ctl PID echo 'handle*' '>' set_ftrace_filter    (quote the '>')
+      rethook ctl PID write current_tracer function_graph
+      rethook ctl PID cat trace_pipe              stream until Ctrl-C
+    """
+    from rethook.cli.ctl import ctl_main
+
+    args = list(words)
+    pid = None
+    if args and args[0].isdigit():
+        pid = int(args.pop(0))
+    elif args and args[0] not in ("ls",):
+        raise click.UsageError(f"{args[0]!r} is not a process id: rethook ctl PID COMMAND")
+    if children and pid is None:
+        raise click.UsageError("--children goes with a PID")
+    sys.exit(ctl_main(pid, children, args))
 
 
 @cli.command(context_settings=CONTEXT)
