@@ -429,7 +429,6 @@ class _Connection:
         On the connection's own instance, ending delivers its open calls as unfinished."""
         own = self.fs is not None
         fs = self.instance()
-        self.send({"ok": True})
 
         def step() -> None:
             if own:  # nobody else reads this instance: wait in the read itself
@@ -440,7 +439,7 @@ class _Connection:
             if text:
                 self.send({"data": text})
 
-        why = self._stream(step, wait=not own)
+        why = self._stream(step, wait=not own, started={"ok": True})
         end: dict[str, Any] = {"end": why}
         if own:
             with self.channel._lock:
@@ -471,9 +470,9 @@ class _Connection:
         with self.channel._lock:
             sink = TraceSink(fs, os.fdopen(fd, "wb", buffering=0), instance_meta(fs, **extra))
             fs.write("tracing_on", "1")
-        self.send({"ok": True})
         try:
-            why = self._stream(lambda: sink.round(POLL_SECONDS), wait=False)
+            why = self._stream(lambda: sink.round(POLL_SECONDS), wait=False,
+                               started={"ok": True})
         finally:
             with self.channel._lock:
                 fs.close()  # every hook removed, open calls delivered as unfinished
@@ -481,14 +480,17 @@ class _Connection:
                 sink.finish()
         self.send({"end": why, "events": sink.events, "lost": sink.lost, "size": sink.size})
 
-    def _stream(self, step: Any, wait: bool) -> str:
-        """Run ``step`` until the client says stop (or leaves: raises) or the channel closes;
-        returns why it ended. ``wait``: the step does not wait, so wait here between steps."""
+    def _stream(self, step: Any, wait: bool, started: dict[str, Any]) -> str:
+        """Answer ``started``, then run ``step`` until the client says stop (or leaves:
+        raises) or the channel closes; returns why it ended. ``wait``: the step does not
+        wait, so wait here between steps. Marked streaming before the answer goes out, so a
+        closing channel lets the stream end with its end message."""
         with self.channel._lock:
-            if self.ending is not None:
-                return self.ending
             self.streaming = True
         try:
+            self.send(started)
+            if self.ending is not None:
+                return self.ending
             while True:
                 step()
                 if self.ending is not None:
