@@ -9,6 +9,7 @@ it polls until it has (with a generous give-up for a hung run).
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -24,8 +25,12 @@ import time
 import urllib.request
 from pathlib import Path
 
+import click
 import pytest
 
+from rethook.buffer.tracefile import TraceReader
+from rethook.cli.ctl import parse_verb
+from rethook.cli.reporting import _render
 from rethook.control import directory
 from rethook.control.attach import AttachError, plan
 from rethook.control.client import ControlError, RemoteTracefs
@@ -99,16 +104,18 @@ def ticker(ctl_dir):
 
 
 def enabled(pid: int) -> str:
-    r = rethook("ctl", str(pid), "cat", "enabled_functions")
-    assert r.returncode == 0, r.stderr
-    return r.stdout
+    """``cat enabled_functions`` of the process (the engine's hooks, every instance's)."""
+    with RemoteTracefs.connect(pid) as fs:
+        return fs.read("enabled_functions")
 
 
 def graph_calls(trace: str, name: str) -> int:
-    """Entries of ``name`` in a function_graph report (``name();`` or ``name() {``)."""
-    r = rethook("report", "-i", trace)
-    assert r.returncode == 0, r.stderr
-    return len(re.findall(rf"\b{re.escape(name)}\(\)", r.stdout))
+    """Entries of ``name`` in the file's function_graph report (``name();``, ``name() {``)."""
+    out = io.StringIO()
+    with TraceReader(trace) as reader:
+        _render(reader, [], out)
+        assert reader.damage is None
+    return len(re.findall(rf"\b{re.escape(name)}\(\)", out.getvalue()))
 
 
 # --- the service: record -P, detach, record again ------------------------------------------------
@@ -164,43 +171,61 @@ def test_ctl_reads_and_writes_tracefs_files(ticker):
     listing = rethook("ctl")
     assert re.search(rf"^\s*{pid}\s+{os.getpid()}\s+\S+\s+run\s+python .*ticker\.py$",
                      listing.stdout, re.M), listing.stdout
-    files = rethook("ctl", pid, "ls").stdout.split()
-    assert {"current_tracer", "set_ftrace_filter", "trace_pipe", "enabled_functions"} \
-        <= set(files)
     assert rethook("ctl", pid, "echo", "tick", ">", "set_ftrace_filter").returncode == 0
     assert rethook("ctl", pid, "echo", "tock", ">>set_ftrace_filter").returncode == 0
     assert rethook("ctl", pid, "cat", "set_ftrace_filter").stdout == "tick\ntock\n"
-    assert rethook("ctl", pid, "write", "current_tracer", "function").returncode == 0
-    assert enabled(ticker.pid) == "__main__.tick (1)\n__main__.tock (1)\n"
-    until(lambda: "__main__.tock <-__main__.tick" in rethook("ctl", pid, "cat", "trace").stdout,
-          "events in the trace")
-    assert rethook("ctl", pid, "write", "current_tracer", "nop").returncode == 0
-    assert rethook("ctl", pid, "write", "set_ftrace_filter", "").returncode == 0
-    assert enabled(ticker.pid) == ""
+    with RemoteTracefs.connect(ticker.pid) as fs:
+        assert {"current_tracer", "set_ftrace_filter", "trace_pipe", "enabled_functions"} \
+            <= set(fs.listdir())
+        fs.write("current_tracer", "function")
+        assert fs.read("enabled_functions") == "__main__.tick (1)\n__main__.tock (1)\n"
+        until(lambda: "__main__.tock <-__main__.tick" in fs.read("trace"), "events")
+        fs.write("current_tracer", "nop")
+        fs.write("set_ftrace_filter", "")
+        assert fs.read("enabled_functions") == ""
     out, err, status = ticker.finish()
     assert (out, err, status) == ("ready 2 ['MainThread', 'ticker']\nticked True 1\n", "", 0)
 
 
 def test_ctl_errors_are_the_in_process_errors(ticker):
     pid = str(ticker.pid)
-    fs = Tracefs()
-    for path, text in [("current_tracer", "bogus"), ("max_graph_depth", "x"),
-                       ("dynamic_events", "p:g/e __main__.tick x=__import__('os')")]:
-        with pytest.raises(TracefsError) as expected:
-            fs.write(path, text)
-        r = rethook("ctl", pid, "write", path, text)
-        assert (r.returncode, r.stdout) == (2, "")
-        stamp = re.compile(r"\[ *[\d.]+\] ")  # error_log's timestamp
-        assert stamp.sub("", r.stderr) == stamp.sub("", f"rethook: error: {expected.value}\n")
-    fs.close()
-    # the probe grammar stays a grammar: nothing of that text ran, and it is in error_log
-    assert "__import__" in rethook("ctl", pid, "cat", "error_log").stdout
-    r = rethook("ctl", pid, "echo", "tick", "set_ftrace_filter")  # the '>' eaten by a shell
-    assert r.returncode == 2 and "quote" in r.stderr
-    r = rethook("ctl", pid, "cat", "no_such_file")
-    assert (r.returncode, r.stderr) == (2, "rethook: error: no_such_file: no such file "
-                                           "(see listdir())\n")
-    assert rethook("ctl", "999999999", "ls").returncode == 1
+    local = Tracefs()
+    stamp = re.compile(r"\[ *[\d.]+\] ")  # error_log's timestamp
+    with RemoteTracefs.connect(ticker.pid) as remote:
+        for path, text in [("current_tracer", "bogus"), ("max_graph_depth", "x"),
+                           ("dynamic_events", "p:g/e __main__.tick x=__import__('os')"),
+                           ("no_such_file", "1")]:
+            with pytest.raises(TracefsError) as expected:
+                local.write(path, text)
+            with pytest.raises(TracefsError) as got:
+                remote.write(path, text)
+            assert stamp.sub("", str(got.value)) == stamp.sub("", str(expected.value))
+        # the probe grammar stays a grammar: nothing of that text ran; error_log has it
+        assert "__import__" in remote.read("error_log")
+        assert remote.read("dynamic_events") == ""
+    local.close()
+    r = rethook("ctl", pid, "write", "current_tracer", "bogus")
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr == "rethook: error: current_tracer: unknown tracer 'bogus' (available: " \
+        "function_graph function nop)\n"
+    r = rethook("ctl", "999999999", "ls")
+    assert (r.returncode, r.stderr) == (1, "rethook: error: no process 999999999 (is it still "
+                                           "running?)\n")
+
+
+def test_ctl_words():
+    assert parse_verb([]) == ("ls", "", "")
+    assert parse_verb(["cat", "trace"]) == ("cat", "trace", "")
+    assert parse_verb(["echo", "a", "b", ">", "set_ftrace_filter"]) == \
+        ("write", "set_ftrace_filter", "a b")
+    assert parse_verb(["echo", "x", ">>", "f"]) == ("append", "f", "x")
+    assert parse_verb(["echo", "x", ">>f"]) == ("append", "f", "x")
+    assert parse_verb(["write", "f", "a", "b"]) == ("write", "f", "a b")
+    assert parse_verb(["append", "f"]) == ("append", "f", "")
+    for words in (["echo", "tick", "set_ftrace_filter"], ["echo", ">", "a", "b"],
+                  ["cat"], ["rm", "x"]):
+        with pytest.raises(click.UsageError):
+            parse_verb(words)
 
 
 def test_bad_requests_get_errors_and_change_nothing(ticker):
