@@ -244,3 +244,35 @@ def check_sort(_ctx: click.Context, _param: click.Parameter, value: str | None) 
         raise click.BadParameter(f"{value!r} is not a column: {', '.join(SORT_COLUMNS)} "
                                  f"(or cProfile's {aliases})")
     return value
+
+
+def attach_options(duration: bool = True) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def decorate(f: Callable[..., Any]) -> Callable[..., Any]:
+        f = click.option("--children", is_flag=True,
+                         help="With -P: the processes below PID that listen too (a run's "
+                              "followed children).")(f)
+        if duration:
+            f = click.option("--duration", type=click.FloatRange(min=0, min_open=True),
+                             metavar="SECS",
+                             help="With -P: stop after SECS seconds (default: at Ctrl-C, or "
+                                  "when the program ends).")(f)
+        return click.option("-P", "pid", type=click.IntRange(min=1), metavar="PID",
+                            help="Trace the running process PID instead of starting a program "
+                                 "(it listens: 'rethook run', or opted in; docs/control.md)."
+                            )(f)
+    return decorate
+
+
+def running_target(ctx: click.Context, params: dict[str, Any], module: str | None,
+                   program: tuple[str, ...]) -> int | None:
+    """The -P PID, checked against the other arguments (None without -P)."""
+    pid = params.pop("pid", None)
+    children = params.get("children", False)
+    duration = params.get("duration")
+    if pid is None:
+        if children or duration is not None:
+            raise click.UsageError("--children and --duration go with -P PID", ctx)
+        return None
+    if module is not None or program:
+        raise click.UsageError("-P PID traces a running process: give no program", ctx)
+    return int(pid)

@@ -23,9 +23,11 @@ import click
 import rethook
 from rethook.cli.args import (
     ProgramCommand,
+    attach_options,
     check_sort,
     module_option,
     program_argument,
+    running_target,
     settings_from,
     trace_options,
 )
@@ -179,6 +181,7 @@ def _stderr(text: str) -> None:
 @trace_options()
 @click.option("-o", "output", default="trace.dat", show_default=True, metavar="FILE",
               help="Write the trace to FILE.")
+@attach_options()
 @module_option
 @program_argument
 @click.pass_context
@@ -196,7 +199,14 @@ def record(ctx: click.Context, output: str, module: str | None, program: tuple[s
       rethook record prog.py --its-own-flag
       rethook record -l 'parse*' -O funcgraph-retval -m mytool.cli input.txt
       rethook record -p function -l 'json.*' -o json.dat prog.py
+      rethook record -P 4242 --duration 10       (a running program: docs/control.md)
     """
+    pid = running_target(ctx, params, module, program)
+    if pid is not None:
+        from rethook.cli.ctl import record_running
+
+        sys.exit(record_running(pid, params["children"], settings_from(params), output,
+                                params["duration"]))
     prog = _program(ctx, module, program)
     settings = settings_from(params)
     outcome = _record(ctx, prog, settings, output)
@@ -243,6 +253,7 @@ def _follow(mode: str, settings: TraceSettings, filters: list[str],
 
 @cli.command(cls=ProgramCommand, context_settings=CONTEXT)
 @trace_options()
+@attach_options(duration=False)
 @module_option
 @program_argument
 @click.pass_context
@@ -251,8 +262,15 @@ def stream(ctx: click.Context, module: str | None, program: tuple[str, ...],
     """Run a program and print its events live, as trace_pipe does.
 
     Same flags as record (but no -o): lines appear on stdout while the program runs. A
-    summary line (events, lost events) goes to stderr at the end.
+    summary line (events, lost events) goes to stderr at the end. With -P PID, the events of
+    a running process, until Ctrl-C.
     """
+    pid = running_target(ctx, params, module, program)
+    if pid is not None:
+        from rethook.cli.ctl import stream_running
+
+        sys.exit(stream_running(pid, params["children"], settings_from(params)))
+
     from rethook.runner.observers import Streamer
     from rethook.runner.run import Session
 
@@ -277,6 +295,7 @@ def stream(ctx: click.Context, module: str | None, program: tuple[str, ...],
 @click.option("-o", "output", metavar="FILE",
               help="Write the profile to FILE as pstats (python -m pstats, snakeviz and "
                    "gprof2dot read it) instead of printing the table.")
+@attach_options()
 @module_option
 @program_argument
 @click.pass_context
@@ -291,29 +310,37 @@ def profile(ctx: click.Context, module: str | None, program: tuple[str, ...],
     minus the calls it made), Avg and s^2 (of one call's inclusive time, as the kernel's
     profiler; self time with -O nograph-time), File:Line. -O nosleep-time leaves out the time
     generators and coroutines spent suspended. With -o FILE the profile goes to a pstats file
-    instead.
+    instead. With -P PID, a running process, until Ctrl-C or --duration.
     """
     from rethook.cli.summaries import show_profile
+
+    if output is not None and not _writable(output):
+        raise click.UsageError(f"-o {output!r}: cannot write there", ctx)
+    failed = []
+
+    def show(tables: list[tuple[int, list[Any]]], abrupt: bool, graph_time: bool) -> None:
+        if not show_profile(tables, output=output, sort=sort, limit=limit,
+                            graph_time=graph_time, per_process=per_process, abrupt=abrupt):
+            failed.append(output)
+
+    pid = running_target(ctx, params, module, program)
+    if pid is not None:
+        from rethook.cli.ctl import profile_running
+
+        status = profile_running(pid, params["children"], settings_from(params, tracer="nop"),
+                                 params["duration"], show)
+        sys.exit(status or (1 if failed else 0))
+
     from rethook.runner.observers import ProfileObserver
     from rethook.runner.run import Session
 
     prog = _program(ctx, module, program)
     settings = settings_from(params, tracer="nop")
     fs, filters = _prepare(ctx, prog, settings, tracer=False)
-    if output is not None and not _writable(output):
-        fs.close()
-        raise click.UsageError(f"-o {output!r}: cannot write there", ctx)
     children = _follow("profile", settings, filters)
     graph_time = fs.ctx.options["graph-time"]
-
-    failed = []
-
-    def show(tables: list[tuple[int, list[Any]]], abrupt: bool) -> None:
-        if not show_profile(tables, output=output, sort=sort, limit=limit,
-                            graph_time=graph_time, per_process=per_process, abrupt=abrupt):
-            failed.append(output)
-
-    outcome = Session(prog, fs, children).run([ProfileObserver(children, show=show)])
+    outcome = Session(prog, fs, children).run(
+        [ProfileObserver(children, show=lambda tables, abrupt: show(tables, abrupt, graph_time))])
     if failed:
         outcome.exit_code = outcome.exit_code or 1
     _exit(outcome)
@@ -326,6 +353,61 @@ def _writable(path: str) -> bool:
     if os.path.exists(path):
         return os.access(path, os.W_OK)
     return os.access(os.path.dirname(os.path.abspath(path)), os.W_OK | os.X_OK)
+
+
+@cli.command(cls=ProgramCommand, context_settings=CONTEXT)
+@click.option("--no-follow", is_flag=True,
+              help="Forked children of the program do not open channels of their own.")
+@module_option
+@program_argument
+@click.pass_context
+def run(ctx: click.Context, no_follow: bool, module: str | None,
+        program: tuple[str, ...]) -> None:
+    """Run a program with its control channel open, tracing nothing until asked.
+
+    The program runs as 'python SCRIPT ARGS' would (as under record), at its untraced speed;
+    'rethook ctl PID ...', 'rethook record -P PID' and the like then trace it while it runs
+    (docs/control.md).
+    """
+    from rethook.control.tracefs import Tracefs
+    from rethook.runner.observers import ControlObserver
+    from rethook.runner.run import Session
+    from rethook.runner.settings import register_program
+
+    prog = _program(ctx, module, program)
+    _load(ctx, prog)
+    fs = Tracefs()
+    register_program(fs, prog)
+    outcome = Session(prog, fs).run([ControlObserver(prog, follow_forks=not no_follow)])
+    _exit(outcome)
+
+
+@cli.command(context_settings={**CONTEXT, "ignore_unknown_options": True})
+@click.option("--children", is_flag=True,
+              help="PID and the processes below it that listen (a run's followed children).")
+@click.argument("words", nargs=-1, type=click.UNPROCESSED, metavar="[PID [COMMAND...]]")
+def ctl(children: bool, words: tuple[str, ...]) -> None:
+    """Read and write a running program's tracefs files (docs/control.md).
+
+    \b
+      rethook ctl                                 the processes that listen
+      rethook ctl PID ls                          its files
+      rethook ctl PID cat enabled_functions
+      rethook ctl PID echo 'handle*' '>' set_ftrace_filter    (quote the '>')
+      rethook ctl PID write current_tracer function_graph
+      rethook ctl PID cat trace_pipe              stream until Ctrl-C
+    """
+    from rethook.cli.ctl import ctl_main
+
+    args = list(words)
+    pid = None
+    if args and args[0].isdigit():
+        pid = int(args.pop(0))
+    elif args and args[0] not in ("ls",):
+        raise click.UsageError(f"{args[0]!r} is not a process id: rethook ctl PID COMMAND")
+    if children and pid is None:
+        raise click.UsageError("--children goes with a PID")
+    sys.exit(ctl_main(pid, children, args))
 
 
 @cli.command(context_settings=CONTEXT)

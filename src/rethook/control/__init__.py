@@ -1,5 +1,33 @@
-"""The control surface: an in-process tracefs (:class:`~rethook.control.tracefs.Tracefs`)."""
+"""The control surface: an in-process tracefs (:class:`~rethook.control.tracefs.Tracefs`), and
+the control channel that serves it to other processes (:func:`listen`,
+:class:`~rethook.control.client.RemoteTracefs`; docs/control.md).
 
-from rethook.control.tracefs import Tracefs, TracefsError
+Names are imported on first use, so ``rethook.control.listen()`` loads only the channel
+(standard-library sockets) until a client asks for something.
+"""
 
-__all__ = ["Tracefs", "TracefsError"]
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rethook.control.channel import listen
+    from rethook.control.client import RemoteTracefs
+    from rethook.control.tracefs import Tracefs, TracefsError
+
+_WHERE = {
+    "Tracefs": "rethook.control.tracefs",
+    "TracefsError": "rethook.control.tracefs",
+    "listen": "rethook.control.channel",
+    "RemoteTracefs": "rethook.control.client",
+}
+
+__all__ = ["RemoteTracefs", "Tracefs", "TracefsError", "listen"]
+
+
+def __getattr__(name: str) -> Any:
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module 'rethook.control' has no attribute {name!r}")
+    return getattr(importlib.import_module(where), name)

@@ -554,6 +554,31 @@ class ProfileObserver(Observer):
         self.show(tables, abrupt)
 
 
+class ControlObserver(Observer):
+    """Opens the control channel for the run (``rethook run``): listening from the first line
+    of the program to the end of its ``atexit`` handlers, nothing traced until asked."""
+
+    def __init__(self, program: Program, follow_forks: bool = True) -> None:
+        self.program = program
+        self.follow_forks = follow_forks
+        self.channel: Any = None
+
+    def start(self, fs: Any) -> None:
+        from rethook.control.channel import listen
+        from rethook.runner.settings import default_filter
+
+        try:
+            self.channel = listen(fs, default_filter=default_filter(self.program),
+                                  follow_forks=self.follow_forks, how="run",
+                                  argv=self.program.command_line)
+        except OSError as e:
+            print(f"rethook: error: cannot open the control channel: {e}", file=sys.stderr)
+
+    def stop(self, fs: Any) -> None:
+        if self.channel is not None:
+            self.channel.close()
+
+
 def emit(fd: int, text: str, abrupt: bool, end: str = "\n") -> None:
     """Write rethook's own output (summary to 2, tables to 1). Normally through the Python
     streams, after the program's buffered output; ``abrupt`` (a signal ends the process):
