@@ -41,6 +41,7 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import rethook.runner.run
 from programs import calls
 from rethook.buffer.tracefile import (
     CHUNK_OVERHEAD,
@@ -284,7 +285,7 @@ class _NoRun:
     """Session stand-in: the program is not run; the trace instance is closed, as a run
     ends it (the command's own setup is what is under test)."""
 
-    def __init__(self, program, fs):
+    def __init__(self, program, fs, children=None):
         self.fs = fs
 
     def run(self, observers=()):
@@ -302,7 +303,7 @@ def _runner() -> CliRunner:
 @pytest.fixture
 def program_dir(tmp_path, monkeypatch, engine):
     (tmp_path / "prog.py").write_text(PROGRAM)
-    monkeypatch.setattr(climain, "Session", _NoRun)
+    monkeypatch.setattr(rethook.runner.run, "Session", _NoRun)
     monkeypatch.chdir(tmp_path)
     saved = list(sys.path)
     yield tmp_path

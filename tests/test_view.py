@@ -266,7 +266,9 @@ def test_recorded_program_view_data(recorded):
     # the flame graph's self times are the folded-stack exporter's, stack for stack
     with TraceReader(trace) as reader:
         folded = _graph_stacks(reader, per_thread=True)
-    assert tree_self_times(data) == {k: v for k, v in folded.items()}
+    # (the exporter's root frame is name-pid/tid; the view's, the thread's name)
+    assert tree_self_times(data) == {(k[0].rsplit("-", 1)[0], *k[1:]): v
+                                     for k, v in folded.items()}
     # details: arguments and return values ride on the slices
     infos = {data["strings"][i - 1] for th in threads.values() for row in th["rows"]
              for i in row["info"] if i}

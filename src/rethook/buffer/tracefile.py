@@ -1508,6 +1508,9 @@ def _batch_threads(section: _Section, payload: memoryview) -> tuple[int, set[int
     return n, tids
 
 
+_AFTER_EVERYTHING = 1 << 64  # above any timestamp (u64 nanoseconds)
+
+
 class _Stream:
     """One thread's events for :func:`_merge_by_time`: its segments (chunk offsets and Lost
     markers, in file order) and the items loaded from them and not yet due, with their merge
@@ -1523,7 +1526,9 @@ class _Stream:
         self.items: list[Event | Lost] = []
         self.keys: list[int] = []  # timestamps of items (a Lost: its next event's)
         self.pos = 0  # the next item due
-        self.last = 0  # the last timestamp loaded (key of Lost markers that end a stream)
+        # the last timestamp loaded: the key of Lost markers that end a stream (a thread
+        # whose stream holds nothing but Lost markers has them merged last)
+        self.last = _AFTER_EVERYTHING
 
     def load(self, take: Callable[[int, int], list[Event]], lost: bool) -> bool:
         """Append the next chunk's events (after the Lost markers before them) to the items

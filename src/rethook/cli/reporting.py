@@ -245,6 +245,9 @@ def export_file(path: str, fmt: str, output: str | None, **options: object) -> i
     finally:
         if tmp is not None:
             os.unlink(tmp)
+    if damage is not None and not readable:  # nothing exported: an error, even if cut short
+        _error(str(damage))
+        return 1
     if not to_stdout and readable:
         size = human_size(os.path.getsize(output))
         upto = ", what comes before the damage" if damage is not None and not damage.truncated \

@@ -51,7 +51,8 @@ def _thread_frames(reader: TraceReader) -> Callable[[int], str]:
     names = reader.threads
     pid = trace_pid(reader.meta, names)
     pids = reader.thread_pids  # a trace of several processes: each thread's own
-    return lambda tid: _frame(thread_frame(names.get(tid, f"tid-{tid}"), pids.get(tid, pid), tid))
+    return lambda tid: _frame(thread_frame(names.get(tid, f"tid-{tid}"), pids.get(tid) or pid,
+                                           tid))
 
 
 def _graph_stacks(reader: TraceReader, per_thread: bool) -> dict[tuple[str, ...], int]:

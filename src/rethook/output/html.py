@@ -98,7 +98,14 @@ class _Strings:
 
 
 def _value_text(value: Any) -> str:
+    if isinstance(value, dict):  # a call's arguments, one item per parameter
+        return ", ".join(f"{k}={v}" for k, v in value.items())
     return value if isinstance(value, str) else repr(value)
+
+
+def _hashable(ann: tuple[tuple[str, Any], ...]) -> tuple:
+    """Annotations as a dict key (a call's arguments are a dict: its items instead)."""
+    return tuple((k, tuple(v.items()) if isinstance(v, dict) else v) for k, v in ann)
 
 
 def _details(ann: tuple[tuple[str, Any], ...]) -> str:
@@ -334,7 +341,7 @@ class _Builder:
             return
         info = 0
         if ann or begin_ann:  # the details of the entry, then those of the exit
-            key = (begin_ann, ann)
+            key = (_hashable(begin_ann), _hashable(ann))
             info = self.details.get(key, 0)
             if not info:
                 info = self.details[key] = self.strings.id(_details(begin_ann + ann)) + 1

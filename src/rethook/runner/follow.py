@@ -259,7 +259,6 @@ def install(follow: Follow, before_exec: Callable[[list[str]], None]) -> None:
     if _originals:
         return
     import _posixsubprocess
-    import runpy
     import subprocess
 
     _wrap(os, "execv", lambda real: lambda path, args: _execve(real, path, args, None))
@@ -271,8 +270,6 @@ def install(follow: Follow, before_exec: Callable[[list[str]], None]) -> None:
     _wrap(_posixsubprocess, "fork_exec", _fork_exec_wrapper)
     if hasattr(subprocess, "_fork_exec"):
         _wrap(subprocess, "_fork_exec", _fork_exec_wrapper)
-    if hasattr(runpy, "_run_code"):
-        _wrap(runpy, "_run_code", _run_code_wrapper)
 
 
 def _wrap(owner: Any, name: str, make: Callable[[Any], Callable[..., Any]]) -> None:
@@ -371,21 +368,6 @@ def _system_wrapper(real: Callable[..., Any]) -> Callable[..., Any]:
                         os.unsetenv(k)
 
     return system
-
-
-def _run_code_wrapper(real: Callable[..., Any]) -> Callable[..., Any]:
-    def _run_code(code: Any, run_globals: Any, *args: Any, **kwargs: Any) -> Any:
-        # runpy.run_path compiles a file itself (multiprocessing's spawn and forkserver
-        # children run the parent's __main__ as __mp_main__ that way): register the code
-        # before it runs, so filters naming its functions hook them
-        name = run_globals.get("__name__") if isinstance(run_globals, dict) else None
-        if type(code) is types.CodeType and isinstance(name, str) and name != "__main__":
-            from rethook.engine.registry import default_registry
-
-            default_registry().add_code(code, name)
-        return real(code, run_globals, *args, **kwargs)
-
-    return _run_code
 
 
 # --- a started Python program (the start-up hook) ----------------------------------------------

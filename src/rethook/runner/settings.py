@@ -136,11 +136,14 @@ def configure_leniently(fs: Tracefs, settings: TraceSettings, tracer: bool = Tru
     def retry(_infos: list) -> None:
         nonlocal blocked
         for text in list(waiting):
+            if text not in waiting:  # a write below notified this again, and it matched
+                continue
+            waiting.remove(text)
             try:
                 fs.write("set_ftrace_filter", text, append=True)
             except TracefsError:
+                waiting.append(text)
                 continue
-            waiting.remove(text)
             if blocked:
                 blocked = False
                 fs.write("set_ftrace_notrace", "!*", append=True)
