@@ -113,7 +113,10 @@ def test_traced_run_is_indistinguishable(tmp_path: Path, argv: list[str]) -> Non
 def test_fork_keeps_the_trace_intact(tmp_path: Path) -> None:
     if not hasattr(os, "fork"):
         pytest.skip("no os.fork")
-    lines = record_report(tmp_path, program="forking.py")
+    lines = record_report(tmp_path, program="forking.py")  # children are followed
+    assert sorted(lines[4:]) == [" 0) <dur> |  __main__.parent();",
+                                 " 1) <dur> |  __main__.child();"]
+    lines = record_report(tmp_path, "--no-follow", program="forking.py")
     assert lines[4:] == [" 0) <dur> |  __main__.parent();"]  # the child's calls are its own
 
 
@@ -505,21 +508,31 @@ def test_truncated_file(tmp_path: Path) -> None:
     out = tmp_path / "t.dat"
     assert rethook("record", "-o", str(out), "golden.py").returncode == 0
     data = out.read_bytes()
-    # without its END chunk (20 bytes): every event is readable, the damage is named
+    # without its END chunk (20 bytes; a killed run): every event is shown, with a warning
     cut = tmp_path / "cut.dat"
     cut.write_bytes(data[:-20])
     r = rethook("report", "-i", str(cut))
-    assert r.returncode == 1
+    assert r.returncode == 0
     assert normalise(r.stdout) == GOLDEN
-    assert r.stderr == (f"rethook: error: {cut}: file ends without an END chunk "
-                        f"(at byte offset {len(data) - 20})\n")
-    # cut in the middle: what comes before is printed, then the error names file and offset
+    assert r.stderr == (f"rethook: warning: {cut}: the recording has no end (its END chunk is "
+                        f"missing: killed, or still running?); shown up to byte offset "
+                        f"{len(data) - 20}, the last complete chunk\n")
+    # cut in the middle: what comes before is printed, the warning names file and offset
     half = tmp_path / "half.dat"
     half.write_bytes(data[: len(data) // 2])
     r = rethook("report", "-i", str(half))
+    assert r.returncode == 0
+    assert normalise(r.stdout)[:4] == GRAPH_HEADER
+    assert re.fullmatch(rf"rethook: warning: {re.escape(str(half))}: .* byte offset \d+, .*\n",
+                        r.stderr)
+    # damaged in the middle: what comes before is printed, then an error, status 1
+    bad = tmp_path / "bad.dat"
+    at = len(data) // 2
+    bad.write_bytes(data[:at] + b"\xff" * 24 + data[at + 24:])
+    r = rethook("report", "-i", str(bad))
     assert r.returncode == 1
     assert normalise(r.stdout)[:4] == GRAPH_HEADER
-    assert re.fullmatch(rf"rethook: error: {re.escape(str(half))}: .* \(at byte offset \d+\)\n",
+    assert re.fullmatch(rf"rethook: error: {re.escape(str(bad))}: .* \(at byte offset \d+\)\n",
                         r.stderr)
 
 

@@ -247,15 +247,28 @@ def test_meta_of_the_wrong_type(tmp_path, engine, meta):
     assert path.exists()
 
 
+def _corrupt(data: bytes) -> bytes:
+    """``data`` with 24 bytes two thirds of the way in overwritten: a chunk fails its CRC."""
+    at = len(data) * 2 // 3
+    return data[:at] + b"\xff" * 24 + data[at + 24:]
+
+
 def test_hist_on_a_damaged_file_says_where(tmp_path, engine):
     data = _sample(tmp_path / "t.dat").read_bytes()
-    (tmp_path / "cut.dat").write_bytes(data[:len(data) // 2])
-    r = run("hist", "-i", "cut.dat", cwd=tmp_path)
+    (tmp_path / "bad.dat").write_bytes(_corrupt(data))
+    r = run("hist", "-i", "bad.dat", cwd=tmp_path)
     no_traceback(r)
     assert r.returncode == 1
     assert "tracefile.py" not in r.stderr and "no histograms" not in r.stderr, r.stderr
     (line,) = r.stderr.splitlines()
     assert ERROR_LINE.match(line), line
+    # a file that merely stops early (a killed recording): what it has, and a warning
+    (tmp_path / "cut.dat").write_bytes(data[:len(data) // 2])
+    r = run("hist", "-i", "cut.dat", cwd=tmp_path)
+    no_traceback(r)
+    assert r.returncode == 0 and r.stdout.startswith("# g/e\n"), r.stderr
+    (line,) = r.stderr.splitlines()
+    assert line.startswith("rethook: warning: cut.dat: ") and "byte offset" in line, line
 
 
 def test_export_never_replaces_a_file_with_less(tmp_path, engine):
@@ -268,7 +281,7 @@ def test_export_never_replaces_a_file_with_less(tmp_path, engine):
     assert (tmp_path / "out.folded").read_text() == "precious\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cut.dat", "out.folded", "t.dat"]
     # a file damaged further in: what comes before the damage is exported, then the error
-    (tmp_path / "half.dat").write_bytes(data[:len(data) * 2 // 3])
+    (tmp_path / "half.dat").write_bytes(_corrupt(data))
     r = run("export", "-i", "half.dat", "--format", "folded", "-o", "out.folded", cwd=tmp_path)
     no_traceback(r)
     done, error = r.stderr.splitlines()
@@ -393,7 +406,7 @@ def test_failures_at_the_recursion_limit_say_what_happened(tmp_path, flags, engi
     r = run("record", *flags, "-o", "t.dat", "prog.py", cwd=tmp_path, env=env)
     assert r.returncode == 0 and r.stdout == "caught\n", r.stderr
     report = r.stderr[r.stderr.index(head):]
-    assert "\nRecursionError: maximum recursion depth exceeded" in report, r.stderr
+    assert "RecursionError: maximum recursion depth exceeded" in report, r.stderr
     assert "rethook: the program was at Python's recursion limit (1000)" in report
 
 

@@ -152,10 +152,11 @@ def test_ordered_events_merge_threads_by_time(recording) -> None:
         by_thread.setdefault(item.tid if isinstance(item, Lost) else item[2], []).append(item)
     assert {items[0].tid if isinstance(items[0], Lost) else items[0][2]: items
             for items in streams if items} == by_thread
-    # events by time; a Lost marker keyed like its thread's next event (or its last)
+    # events by time; a Lost marker keyed like its thread's next event (or its last; a
+    # thread with nothing but Lost markers has them last of all)
     keys = []
     for items in by_thread.values():
-        last = 0
+        last = 1 << 64
         for i, item in enumerate(items):
             if isinstance(item, Lost):
                 later = [x[1] for x in items[i:] if not isinstance(x, Lost)]

@@ -291,7 +291,7 @@ def hist_file(path: str, only: Iterable[str]) -> int:
         if name in hists:  # from a file: its text escaped, line by line
             out.append(f"# {printable(name)}\n{printable_lines(hists[name])}")
     click.echo("\n".join(out), nl=False)
-    if damage is not None and not damage.truncated:  # histograms are saved at the end
-        _error(str(damage))
+    if damage is not None and (not damage.truncated or not hists):
+        _error(str(damage))  # histograms are saved at the end: a cut file lost them
         return 1
     return _damage_status(damage, path)

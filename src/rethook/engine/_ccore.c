@@ -947,10 +947,19 @@ sight(PyObject *const *args, Py_ssize_t nargs, int busy)
             Py_DECREF(key);
             Py_RETURN_NONE;
         }
+        PyObject *ts = current_ts_in(current_tstate(), 1);
+        if (ts == NULL)
+            goto error;
+        /* the registry's work is rethook's: busy, so what it calls is not discovered as the
+         * program's, and a signal handler that finishes the trace waits (exits.py) */
+        Py_INCREF(ts);
+        SET_BUSY(ts, 1);
         PyObject *hook = Py_NewRef(discover_hook), *frame = current_frame();
         PyObject *r = PyObject_CallFunctionObjArgs(hook, code, frame, NULL);
         Py_DECREF(hook);
         Py_DECREF(frame);
+        SET_BUSY(ts, 0);
+        Py_DECREF(ts);
         int seen = r ? PyObject_IsTrue(r) : -1;
         Py_XDECREF(r);
         if (seen < 0 && PyErr_ExceptionMatches(PyExc_RecursionError)) {

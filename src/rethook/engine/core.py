@@ -393,6 +393,13 @@ class notrace:
         self.ts.busy = self.prev
 
 
+def in_own_work() -> bool:
+    """Whether the calling thread is inside rethook's own work (a handler, discovery, a
+    ``notrace`` section): what would take rethook's locks again must not run now."""
+    ts = getattr(_local, "ts", None)
+    return ts is not None and bool(ts.busy)
+
+
 # --- delivery (shared by the exits and by the engine's teardown) ------------------------------
 def deliver(rec: list | tuple, depth: int, retval: Any, exc: BaseException | None, t: int,
             flags: int, ts: ThreadState | None = None) -> None:
@@ -601,6 +608,8 @@ def _sight(code: CodeType, offset: int, up: int, busy: bool) -> Any:
     if key not in _known:
         if busy:
             return None  # a handler or rethook's own work: discovered when the program runs it
+        ts = _local.ts  # (made by _on_start)
+        ts.busy = True  # the registry's work is rethook's (see the C core's sight())
         try:
             seen = discover(code, _getframe(up + 1))
         except RecursionError:  # the program is at its recursion limit: look again next time
@@ -608,6 +617,8 @@ def _sight(code: CodeType, offset: int, up: int, busy: bool) -> Any:
         except Exception as e:  # a bug of rethook's: never the program's problem
             internal_error(e)
             return None
+        finally:
+            ts.busy = False
         if key in _table:  # a filter wants it: this very call is a hooked one
             return _on_start(code, offset, up + 2)
         if not seen or _discover is None:

@@ -189,13 +189,8 @@ class GraphRenderer(_Renderer):
             yield self._lost(ev)
             return
         fid, tid = ev[0], ev[2]
-        last = self._last_tid
-        if last != tid:
-            pids = self.threads.pids
-            if last is not None and pids and pids.get(last) != pids.get(tid):
-                yield from self._flush_thread(last)
-                yield from switch_lines(self.threads, last, tid)
-            self._last_tid = tid
+        if self._last_tid != tid:
+            yield from self._switch(tid)
         pending = self.pending.pop(tid, None)
         if pending is not None:
             if (fid == self.EXIT and ev[3] == pending[3] and ev[4] == pending[4]):
@@ -227,11 +222,23 @@ class GraphRenderer(_Renderer):
             return iter(())
         if ev[0] != self.ENTRY:
             return self.feed(ev)
+        lines = list(self._switch(tid)) if self._last_tid != tid else []
         if (nxt is not None and not isinstance(nxt, Lost) and nxt[0] == self.EXIT
                 and nxt[3] == ev[3] and nxt[4] == ev[4]):
             self.shown[tid] = nxt
-            return iter((self._leaf(ev, nxt),))
-        return iter((self._nested(ev),))
+            lines.append(self._leaf(ev, nxt))
+        else:
+            lines.append(self._nested(ev))
+        return iter(lines)
+
+    def _switch(self, tid: int) -> Iterator[str]:
+        """The next event is thread ``tid``'s: the process-switch block, if its process is
+        not the last event's."""
+        last, self._last_tid = self._last_tid, tid
+        pids = self.threads.pids
+        if last is not None and pids and pids.get(last) != pids.get(tid):
+            yield from self._flush_thread(last)
+            yield from switch_lines(self.threads, last, tid)
 
     def flush(self) -> Iterator[str]:
         for tid in list(self.pending):

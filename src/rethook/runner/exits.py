@@ -6,7 +6,11 @@
   take its normal effect: the handler is reset to the default and the signal sent again, so
   the process ends by it exactly as it would have (same exit status, core dump for SIGQUIT).
   A signal the program ignores, or handles itself (installed before or after), stays the
-  program's business: its own handler runs, as untraced.
+  program's business: its own handler runs, as untraced. A signal that comes while the main
+  thread is inside rethook's own work (discovering a function, a handler) is sent again a
+  moment later: finishing there would wait for locks that very thread holds. One that comes
+  while the trace is being finished (a pool terminating workers that are already ending)
+  takes effect once the end is written.
 * ``os._exit()`` (what a fork child of multiprocessing ends with, and what some programs
   call): ``os._exit`` is wrapped to finish the trace first.
 * SIGKILL, a crash: nothing can run. The recorder writes whole chunks as it drains the rings
@@ -18,20 +22,30 @@ One finishing routine is current per process (:func:`guard`); a fork child insta
 
 from __future__ import annotations
 
+import _thread
 import os
 import signal
 import threading
+import time
 import traceback
 from collections.abc import Callable
 
-from rethook.engine.core import notrace
+from rethook.engine.core import in_own_work, notrace
 
 #: The signals whose default action ends the process and that a program is commonly ended by.
 FATAL_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP", "SIGQUIT")
                       if hasattr(signal, name))
 
+#: How long a signal that came during rethook's own work waits to be sent again.
+RESEND_SECONDS = 0.005
+#: After this many deferrals (2 s) the signal takes its effect, the trace unfinished.
+MAX_DEFERRALS = 400
+_deferred = 0
+
 _real_exit = os._exit
 _finisher: Callable[[str], None] | None = None  # this process's, once
+_finishing = False  # the run is being finished: a fatal signal waits for release()
+_pending: int | None = None  # the fatal signal that came while finishing
 _installed: list[int] = []  # signals whose handler is ours
 
 
@@ -51,11 +65,20 @@ def guard(finish: Callable[[str], None]) -> None:
     os._exit = _exit
 
 
+def finishing() -> None:
+    """The run is being finished (once): from now on a fatal signal waits for
+    :func:`release`, so that it cannot cut the trace's end short."""
+    global _finisher, _finishing
+    _finisher = None
+    _finishing = True
+
+
 def release() -> None:
     """The run is finished: nothing left to do at exit; default dispositions back where the
-    handler is still ours."""
-    global _finisher
+    handler is still ours, and a fatal signal that came while finishing takes effect now."""
+    global _finisher, _finishing, _pending
     _finisher = None
+    _finishing = False
     while _installed:
         sig = _installed.pop()
         try:
@@ -63,6 +86,10 @@ def release() -> None:
                 signal.signal(sig, signal.SIG_DFL)
         except (OSError, ValueError):
             continue
+    pending, _pending = _pending, None
+    if pending is not None:
+        signal.signal(pending, signal.SIG_DFL)
+        os.kill(os.getpid(), pending)  # the process ends by it, as it would have untraced
 
 
 def disarm() -> None:
@@ -88,10 +115,27 @@ def finish_now(why: str) -> None:
 
 
 def _on_signal(signum: int, frame: object) -> None:
+    global _deferred, _pending
+    if _finishing:  # the trace's end is being written: the signal takes effect after it
+        _pending = signum
+        return
+    if in_own_work() and _deferred < MAX_DEFERRALS:
+        # The signal came while this thread was inside rethook (registering a function it
+        # met, say), holding locks that finishing needs: finish once out of it.
+        _deferred += 1
+        _thread.start_new_thread(_send_again, (signum,))
+        return
     with notrace():
-        finish_now(signal.Signals(signum).name)
+        if _deferred < MAX_DEFERRALS:  # else stuck inside rethook: end without finishing
+            finish_now(signal.Signals(signum).name)
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)  # the default action ends the process here
+
+
+def _send_again(signum: int) -> None:
+    """A deferred signal, sent again a moment later (rethook's own work is short)."""
+    time.sleep(RESEND_SECONDS)
+    os.kill(os.getpid(), signum)
 
 
 def _exit(status: int) -> None:

@@ -46,6 +46,11 @@ ENV_PYTHONPATH = "RETHOOK_FOLLOW_PYTHONPATH"
 #: The directory whose sitecustomize.py starts tracing in a new Python.
 BOOT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "boot")
 
+#: multiprocessing's helper processes (see multiprocessing_helper).
+FORK_SERVER = "multiprocessing's fork server"
+_HELPERS = {"multiprocessing.forkserver": FORK_SERVER,
+            "multiprocessing.resource_tracker": "multiprocessing's resource tracker"}
+
 _SETTINGS = "settings.json"
 _LEDGER = "started"
 _PYTHON_NAME = re.compile(r"python[0-9.]*(d|m|u)*(\.exe)?$")
@@ -177,7 +182,7 @@ class Follow:
         traced = set()
         for name in os.listdir(self.rundir):
             stem = name.split(".")[0]
-            if stem.isdigit() and (name.endswith(".dat") or name.endswith(".profile")):
+            if stem.isdigit() and name.endswith((".dat", ".profile", ".helper")):
                 traced.add(int(stem))
         traced |= self.merged
         lines = []
@@ -380,6 +385,12 @@ def boot(rundir: str) -> None:
         _note_untraced(rundir, f"cannot read the run's settings ({e})")
         return
 
+    helper = multiprocessing_helper(getattr(sys, "orig_argv", []))
+    if helper is not None:
+        _note(rundir, ".helper", helper)
+        if helper != FORK_SERVER:
+            return  # none of the program's code runs there, nor starts from there
+
     def hook(frame: types.FrameType, event: str, arg: object) -> None:
         if event != "call" or frame.f_code.co_name != "<module>" \
                 or frame.f_globals.get("__name__") != "__main__":
@@ -388,17 +399,36 @@ def boot(rundir: str) -> None:
         try:
             from rethook.runner.run import start_in_child
 
-            start_in_child(follow, frame.f_code)
+            start_in_child(follow, frame.f_code, dormant=helper is not None)
         except BaseException as e:  # noqa: BLE001 - the program runs on, untraced
             _note_untraced(rundir, f"rethook failed to start ({type(e).__name__}: {e})")
 
     sys.setprofile(hook)
 
 
+def multiprocessing_helper(argv: list[str]) -> str | None:
+    """What a process started as multiprocessing's fork server or resource tracker is (from
+    its command line, ``python -c 'from multiprocessing.X import main; ...'``), else None.
+    They live as long as the program, so their trace could never be finished with the run's:
+    the resource tracker is not traced, the fork server traces only the workers it forks."""
+    if "-c" not in argv[:-1]:
+        return None
+    command = argv[argv.index("-c") + 1]
+    for module, what in _HELPERS.items():
+        if command.startswith(f"from {module} import main"):
+            return what
+    return None
+
+
 def _note_untraced(rundir: str, reason: str) -> None:
+    _note(rundir, ".untraced", reason)
+
+
+def _note(rundir: str, suffix: str, text: str) -> None:
+    """This process's ``PID<suffix>`` file in the run's directory."""
     try:
-        with open(os.path.join(rundir, f"{os.getpid()}.untraced"), "w", encoding="utf-8") as f:
-            f.write(reason)
+        with open(os.path.join(rundir, f"{os.getpid()}{suffix}"), "w", encoding="utf-8") as f:
+            f.write(text)
     except OSError:
         pass
 

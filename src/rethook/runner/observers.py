@@ -146,8 +146,11 @@ class _Drain(Observer):
             return
         with notrace():
             pipe = self.fs.ctx.buffer.pipe()
-            while self._round(pipe, 0):
-                pass
+            try:
+                while self._round(pipe, 0):
+                    pass
+            except Exception as e:  # noqa: BLE001 - e.g. the file size limit: report() says
+                self.error = e
 
     def _round(self, pipe: Any, timeout: float) -> bool:
         """One consuming read (waiting up to ``timeout`` seconds for something), consumed;

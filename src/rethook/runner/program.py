@@ -201,8 +201,8 @@ def package_loaders(top: str) -> Iterator[tuple[str, Any]]:
             full = f"{name}.{entry}"
             try:
                 sub = importlib.machinery.PathFinder.find_spec(full, list(locations))
-            except (ImportError, ValueError, OSError):
-                continue
+            except (ImportError, ValueError, OSError, KeyError):
+                continue  # KeyError: a namespace subpackage wants its parent imported
             if sub is not None:
                 todo.append((full, sub))
 

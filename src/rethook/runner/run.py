@@ -40,6 +40,7 @@ class Session:
         self.pid = os.getpid()
         self.first = children is None or children.root == self.pid
         self.how = "main"
+        self.dormant = False  # records nothing itself; its fork children do (start_in_child)
         self._finished = False
 
     def run(self, observers: Sequence[Observer] = ()) -> Outcome:
@@ -72,7 +73,13 @@ class Session:
         if self._finished or os.getpid() != self.pid:
             return
         self._finished = True
-        exits.release()
+        exits.finishing()
+        try:
+            self._finish(why)
+        finally:
+            exits.release()
+
+    def _finish(self, why: str | None) -> None:
         fs = self.fs
         with notrace():
             for obs in self.observers:
@@ -135,6 +142,10 @@ class Session:
             for obs in self.observers:
                 obs.start(self.fs)
             exits.guard(self._finish_abruptly)
+            if self.dormant:  # a worker of multiprocessing's fork server: traced from here
+                self.dormant = False
+                atexit.register(self.finish)
+                self.fs.write("tracing_on", "1")
 
     def _before_exec(self, argv: list[str]) -> None:
         """The process is about to be replaced by another program: write what it recorded
@@ -167,16 +178,21 @@ def child_meta(fs: Tracefs, parent: int, how: str) -> dict[str, Any]:
     return meta
 
 
-def start_in_child(children: Follow, main_code: types.CodeType) -> None:
+def start_in_child(children: Follow, main_code: types.CodeType, dormant: bool = False) -> None:
     """Trace a Python program a traced run started, from its ``__main__`` code on (called by
     the start-up hook as that code starts): the run's settings, this process's file, and the
-    trace finished when the interpreter exits."""
+    trace finished when the interpreter exits. ``dormant``: this process records nothing,
+    only the processes it forks do (multiprocessing's fork server)."""
     fs = Tracefs()
     fs.ctx.registry.add_code(main_code, "__main__")
     configure_leniently(fs, children.settings, tracer=children.mode != "profile")
     session = Session(None, fs, children)
     session.first = False
     session.how = "exec"
+    if dormant:
+        session.dormant = True
+        session.begin([], tracing=False)
+        return
     observers = child_observers(children, fs, os.getppid(), "exec", forked=False)
     session.begin(observers)
     atexit.register(session.finish)
