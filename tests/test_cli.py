@@ -114,8 +114,8 @@ def test_fork_keeps_the_trace_intact(tmp_path: Path) -> None:
     if not hasattr(os, "fork"):
         pytest.skip("no os.fork")
     lines = record_report(tmp_path, program="forking.py")  # children are followed
-    assert sorted(lines[4:]) == [" 0) <dur> |  __main__.parent();",
-                                 " 1) <dur> |  __main__.child();"]
+    assert sorted(line for line in lines[4:] if "__main__" in line) == [
+        " 0) <dur> |  __main__.parent();", " 1) <dur> |  __main__.child();"]
     lines = record_report(tmp_path, "--no-follow", program="forking.py")
     assert lines[4:] == [" 0) <dur> |  __main__.parent();"]  # the child's calls are its own
 

@@ -77,6 +77,9 @@ recs_alloc(uint64_t n)
     if (tail)
         munmap(start + len, tail);
     (void)madvise(start, len, MADV_HUGEPAGE); /* advice: without it, 4 KB pages */
+    /* Fault the first huge page in now: zeroing it takes ≈0.25 ms, which would otherwise be
+     * charged to the thread's first traced call (its entry record lands there). */
+    *(volatile char *)start = 0;
     return (rh_rec *)start;
 #else
     return PyMem_Calloc((size_t)n, sizeof(rh_rec));

@@ -227,6 +227,7 @@ typedef struct {
     int graph_time;       /* profiler: time includes children */
     int exit_raised;      /* flag bit an exit record gets when the call raised */
     TState *states;
+    unsigned long made;   /* thread states made so far (fresh_time()) */
     rh_direct direct;      /* the hooks ops.direct's capsule points at (fgraph_direct.h) */
     TCache cache[TS_CACHE];
     PyObject *weakreflist;
@@ -240,6 +241,7 @@ struct NCall {
     int kind;      /* graph: CALL_* */
     int in_stack;  /* profiler: on st->stack */
     int prim;      /* profiler: PRIM_* of the entry (what its time counts in) */
+    int64_t t0;    /* graph: entry time, if not the engine's (0): see fresh_time() */
     long long child; /* profiler: children's time */
     Row *row;      /* profiler: the row of the thread that made the call */
     Row *edge;     /* profiler: the edge it was called through (NULL: no caller) */
@@ -277,6 +279,7 @@ ncall_new(NUser *u, TState *st)
     c->kind = CALL_RECORD;
     c->in_stack = 0;
     c->prim = 0;
+    c->t0 = 0;
     c->child = 0;
     c->row = c->edge = c->arow = c->aedge = NULL;
     return c;
@@ -383,6 +386,7 @@ tstate_slow(NUser *u, PyThreadState *ts, TCache *e)
         st->ring = ring;
         st->next = u->states;
         u->states = st;
+        u->made++;
     }
     e->tstate = ts;
     e->id = ts->id;
@@ -403,6 +407,15 @@ static inline TState *
 tstate_of(NUser *u)
 {
     return tstate_in(u, current_tstate());
+}
+
+/* A call's entry time, given the user's count of thread states from before its state was
+ * looked up: a thread met for the first time had its ring allocated just now (≈1 ms for a
+ * large buffer), which is no part of the call, so its time is taken again, after. */
+static inline int64_t
+fresh_time(NUser *u, unsigned long made_before, int64_t t)
+{
+    return u->made == made_before ? t : now_ns();
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -581,6 +594,7 @@ graph_entry(NUser *u, PyObject *const *args, Py_ssize_t nargs)
     if (nargs != 4 && bad_args("entryfunc", nargs, 4))
         return NULL;
     PyObject *code = args[0];
+    unsigned long made = u->made;
     TState *st = tstate_of(u);
     if (st == NULL)
         return NULL;
@@ -594,6 +608,8 @@ graph_entry(NUser *u, PyObject *const *args, Py_ssize_t nargs)
     NCall *c = ncall_new(u, st);
     if (c == NULL)
         return NULL;
+    if (u->made != made)
+        t = c->t0 = fresh_time(u, made, t);
     c->kind = kind;
     graph_enter(u, st, code, t, kind, &c->d, RH_FUNCGRAPH_ENTRY);
     return (PyObject *)c;
@@ -676,9 +692,11 @@ static int
 direct_entry(void *self, PyThreadState *tstate, PyObject *code, int64_t t)
 {
     NUser *u = self;
+    unsigned long made = u->made;
     TState *st = tstate_in(u, tstate);
     if (st == NULL)
         return -1;
+    t = fresh_time(u, made, t);
     DCall c = {t, 0, CALL_RECORD};
     int r = graph_admit(u, st, code, &c.kind);
     if (r <= 0)
@@ -760,6 +778,8 @@ graph_return(NUser *u, PyObject *const *args, Py_ssize_t nargs)
     if (as_i64(args[6], &t0) < 0 || as_i64(args[7], &t1) < 0 || as_i64(args[8], &sleep) < 0
         || as_i64(args[9], &flags) < 0)
         return NULL;
+    if (c->t0)
+        t0 = c->t0;
     if (graph_exit_record(u, st, args[0], c->d, t0, t1, sleep, flags, args[5] != Py_None) < 0)
         return NULL;
     Py_RETURN_NONE;
