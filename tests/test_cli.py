@@ -400,6 +400,40 @@ def test_stream_prints_live(tmp_path: Path) -> None:
     assert summary[0] == "rethook: 6 events (0 lost) streamed\n"
 
 
+STORM = """\
+import os
+
+
+def fib(n):
+    return n if n < 2 else fib(n - 1) + fib(n - 2)
+
+
+print(fib(20))
+pid = os.fork()
+if pid == 0:
+    fib(5)
+    os._exit(0)
+os.waitpid(pid, 0)
+"""
+
+
+def test_stream_prints_every_event_of_a_storm(tmp_path: Path) -> None:
+    """21,891 calls, each one line of the function tracer (fewer than a thread's ring holds,
+    so none may be lost whatever the machine's speed), then a fork child's 15: all printed
+    by the printer process, and its temporary files gone."""
+    (tmp_path / "storm.py").write_text(STORM)
+    r = rethook("stream", "-p", "function", "-l", "fib", "storm.py", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines.count("6765") == 1  # (the program's stdout is a pipe: printed at its exit)
+    assert sum(": __main__.fib <-__main__.fib" in line for line in lines) == 21_890 + 14
+    assert sum(": __main__.fib <-__main__.<module>" in line for line in lines) == 2
+    assert len(lines) == 1 + 21_891 + 15 + 4  # and the process switch to the child
+    rest, summary = strip_summary(r.stderr)
+    assert rest == "" and summary[0] == "rethook: 21,891 events (0 lost) streamed\n"
+    assert not list(tmp_path.glob("*.stream")) and not list(tmp_path.glob("*.procs"))
+
+
 # --- profile ------------------------------------------------------------------------------------
 def profile_hits(stdout: str) -> dict[str, int]:
     rows = {}

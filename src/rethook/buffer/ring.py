@@ -670,7 +670,10 @@ class TraceBuffer:
                 ring.on = self._on
                 ring.overwrite = self._overwrite
                 buf._native = ring
+                first = self._poll_seconds != NATIVE_PIPE_POLL_SECONDS
                 self._poll_seconds = NATIVE_PIPE_POLL_SECONDS
+            if first and self._waiting:
+                self._wake()  # a reader asleep for the Python rings' poll: look every ms now
         return ring
 
     # -- configuration ----------------------------------------------------------------------

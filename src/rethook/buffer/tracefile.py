@@ -773,29 +773,35 @@ def iter_chunks(source: str | os.PathLike, start: int = 0) -> Iterator[tuple[byt
     this is how a finished run's process files are merged, and how they are followed while
     they grow (:class:`TraceTail`)."""
     with open(source, "rb") as f:
-        if start == 0:
-            head = f.read(HEADER_SIZE)
-            if len(head) < HEADER_SIZE or head[: len(MAGIC)] != MAGIC \
-                    or zlib.crc32(head[:16]) != _CRC.unpack_from(head, 16)[0]:
-                return
-            start = HEADER_SIZE
-        f.seek(start)
-        while True:
-            head = f.read(_CHUNK_HEAD.size)
-            if len(head) < _CHUNK_HEAD.size:
-                return
-            tag, length = _CHUNK_HEAD.unpack(head)
-            if length > MAX_CHUNK_PAYLOAD:
-                return
-            body = f.read(length + _CRC.size)
-            if len(body) < length + _CRC.size:
-                return
-            if zlib.crc32(memoryview(body)[:length], zlib.crc32(head)) \
-                    != _CRC.unpack_from(body, length)[0]:
-                return
-            yield tag, head + body
-            if tag == TAG_END:
-                return
+        yield from _chunks_of(f, start)
+
+
+def _chunks_of(f: IO[bytes], start: int) -> Iterator[tuple[bytes, bytes]]:
+    """:func:`iter_chunks` of an open file."""
+    if start == 0:
+        f.seek(0)
+        head = f.read(HEADER_SIZE)
+        if len(head) < HEADER_SIZE or head[: len(MAGIC)] != MAGIC \
+                or zlib.crc32(head[:16]) != _CRC.unpack_from(head, 16)[0]:
+            return
+        start = HEADER_SIZE
+    f.seek(start)
+    while True:
+        head = f.read(_CHUNK_HEAD.size)
+        if len(head) < _CHUNK_HEAD.size:
+            return
+        tag, length = _CHUNK_HEAD.unpack(head)
+        if length > MAX_CHUNK_PAYLOAD:
+            return
+        body = f.read(length + _CRC.size)
+        if len(body) < length + _CRC.size:
+            return
+        if zlib.crc32(memoryview(body)[:length], zlib.crc32(head)) \
+                != _CRC.unpack_from(body, length)[0]:
+            return
+        yield tag, head + body
+        if tag == TAG_END:
+            return
 
 
 class TraceTail:
@@ -809,6 +815,12 @@ class TraceTail:
         self._offset = 0
         self._state = _State()
         self.done = False
+        self._file: IO[bytes] | None = None  # kept open: a read is one seek and the reads
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
 
     @property
     def formats(self) -> FormatRegistry:
@@ -822,14 +834,20 @@ class TraceTail:
     def meta(self) -> dict[str, Any]:
         return self._state.meta
 
-    def read(self) -> list[Event | Lost]:
+    def read(self, limit: int | None = None) -> list[Event | Lost]:
+        """The items of the complete chunks added since the last read; with ``limit``, the
+        reading stops after the chunk that brings the items to ``limit`` or more."""
         out: list[Event | Lost] = []
         if self.done:
             return out
         offset = self._offset
         state = self._state
         try:
-            for tag, raw in iter_chunks(self.path, offset):
+            if self._file is None:
+                self._file = open(self.path, "rb")  # noqa: SIM115 - closed by close()/done
+            for tag, raw in _chunks_of(self._file, offset):
+                if limit is not None and len(out) >= limit:
+                    break
                 offset = (offset or HEADER_SIZE) + len(raw)
                 payload = memoryview(raw)[_CHUNK_HEAD.size:-_CRC.size]
                 if tag == TAG_EVENTS:
@@ -843,6 +861,8 @@ class TraceTail:
         except (OSError, _Damage, ValueError, TypeError, struct.error, KeyError, IndexError):
             self.done = True  # gone or damaged: what was read is what there is
         self._offset = offset
+        if self.done:
+            self.close()
         return out
 
 

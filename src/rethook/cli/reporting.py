@@ -20,7 +20,7 @@ import click
 
 from rethook.buffer.tracefile import TraceFileError, TraceFileWarning, TraceReader
 from rethook.cli.exports import EXPORTERS
-from rethook.output.text import FunctionRenderer, Threads, renderer_for
+from rethook.output.text import FunctionRenderer, Threads, probe_describer, renderer_for
 from rethook.printable import printable, printable_lines
 from rethook.runner.observers import human_size
 from rethook.tracers.base import OPTION_DEFAULTS, OptionError, Options
@@ -60,20 +60,6 @@ def display_options(recorded: dict, overrides: Iterable[str]) -> dict[str, bool]
     except OptionError as e:
         raise click.UsageError(f"-O: {e}") from None
     return opts.as_dict()
-
-
-def _describer(probes: dict[str, str] | None):
-    """How the trace's probe events print: from their definitions, kept in the meta."""
-    from rethook.output.text import describer
-
-    if not probes:
-        return describer()
-    from rethook.probes.events import ProbeFormatter
-
-    try:
-        return describer(ProbeFormatter(probes).describe)
-    except Exception:  # noqa: BLE001 - a definition this version cannot parse: print raw fields
-        return describer()
 
 
 def report_file(path: str, overrides: Iterable[str], out: IO[str] | None = None) -> int:
@@ -128,7 +114,7 @@ def _render(reader: TraceReader, overrides: list[str], out: IO[str],
     tracer = meta.get("tracer", "function_graph")
     opts = display_options(meta.get("options", {}), overrides)
     renderer = renderer_for(tracer, formats, Threads(threads, reader.thread_pids), opts,
-                            describe=_describer(meta.get("probe_events")), paint=paint)
+                            describe=probe_describer(meta.get("probe_events")), paint=paint)
     if isinstance(renderer, FunctionRenderer):
         entries = sum(s.get("entries", 0) + s.get("read", 0) for s in stats.values())
         written = sum(s.get("written", 0) for s in stats.values())

@@ -425,6 +425,18 @@ def describer(*extra: Describe) -> Callable[[Any, tuple], str]:
     return describe
 
 
+def probe_describer(probes: dict[str, str] | None) -> Callable[[Any, tuple], str]:
+    """How a trace's probe events print, from their definitions (kept in its META)."""
+    if probes:
+        from rethook.probes.events import ProbeFormatter
+
+        try:
+            return describer(ProbeFormatter(probes).describe)
+        except Exception:  # noqa: BLE001 - a definition this version cannot parse: raw fields
+            pass
+    return describer()
+
+
 def renderer_for(tracer: str, formats: FormatRegistry, threads: Threads,
                  opts: dict[str, bool], t0: int = 0,
                  describe: Callable[[Any, tuple], str] | None = None,

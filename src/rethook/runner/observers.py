@@ -20,11 +20,11 @@ import threading
 import time
 import types
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import IO, Any
 
 import rethook
-from rethook.buffer.tracefile import TraceWriter, events_in_file
+from rethook.buffer.tracefile import DEFAULT_BATCH_EVENTS, TraceWriter, events_in_file
 from rethook.control.tracefs import Tracefs
 from rethook.engine import clock
 from rethook.engine.core import notrace
@@ -237,6 +237,7 @@ class Recorder(_Drain):
         self._file: IO[bytes] = open(path, "wb", buffering=0)  # noqa: SIM115 - closed in finish
         self.writer: TraceWriter | None = None
         self._named: dict[int, str] = {}
+        self.batch_events = DEFAULT_BATCH_EVENTS  # events per chunk at most
         self.events = 0
         self.lost = 0
         self.size = 0
@@ -246,7 +247,8 @@ class Recorder(_Drain):
         self.meta.setdefault("start_time_iso",
                              datetime.datetime.now().astimezone().isoformat(timespec="seconds"))
         try:
-            self.writer = TraceWriter(self._file, self.meta, formats=fs.ctx.formats)
+            self.writer = TraceWriter(self._file, self.meta, formats=fs.ctx.formats,
+                                      batch_events=self.batch_events)
         except OSError as e:  # /dev/full, a full disk: nothing runs
             self._discard()
             raise SettingError("-o", self.path, f"cannot write: {e.strerror or e}") from None
@@ -366,8 +368,7 @@ class Recorder(_Drain):
         if self.error is not None:
             line += f"\nrethook: the events after writing failed were not saved: {self._advice()}"
         elif self.lost:
-            line += ("\nrethook: the program made events faster than they could be written;"
-                     " a larger per-thread buffer (-b KB) or a narrower filter (-l) keeps them")
+            line += f"\nrethook: {LOSS_ADVICE}"
         for note in self.notes:
             line += f"\nrethook: {note}"
         return line
@@ -385,124 +386,94 @@ class Recorder(_Drain):
         return "write the trace elsewhere (-o)"
 
 
-class Streamer(_Drain):
+class Streamer(Recorder):
     """Prints events while the program runs, in the tracer's text format (``trace_pipe``).
 
-    Lines go straight to the output's file descriptor, one ``write`` per batch, never
-    through the program's ``sys.stdout``: flushing that from another thread would push out
-    the program's half-written lines and change how its output is buffered.
+    The events are recorded exactly as ``record`` does, into a temporary trace file, and a
+    printer process (:mod:`rethook.runner.printer`) prints the file as it grows, with the
+    children's files: printing text is far slower than a call storm makes events, and in the
+    program's process it would take the program's interpreter lock; so the stream loses
+    nothing ``record`` would not, and what is not printed yet waits in the file. At the end
+    the recorder writes the file's end and waits for the printer to print the rest.
     """
 
     def __init__(self, out: IO[str] | None = None, children: Any = None) -> None:
-        super().__init__()
+        if children is not None:  # the run's directory (not a .dat: not a child's trace)
+            path = os.path.join(children.rundir, f"{os.getpid()}.stream")
+        else:
+            import tempfile
+
+            fd, path = tempfile.mkstemp(prefix="rethook-stream-", suffix=".dat")
+            os.close(fd)
+        super().__init__(path, {}, quiet=True)
         self.out = out
-        self._fd: int | None = None
-        self.lines = 0
-        self.children = children  # the run's Follow: its processes' files are followed too
-        self._tails: dict[str, Any] = {}
-        self._renderers: dict[int, Any] = {}  # id(tail) -> its renderer
-        self._last_tid: int | None = None  # whose line was printed last (process switches)
+        self.children = children  # the run's Follow: its processes' files are printed too
+        self._printer: Any = None  # the printer process (subprocess.Popen)
+        self.printer_error = ""
 
     def start(self, fs: Tracefs) -> None:
-        from rethook.output.text import Threads, renderer_for  # only stream renders text
+        import subprocess
 
         out = self.out if self.out is not None else sys.stdout
         try:
             out.flush()  # what was printed before the program belongs before its events
-            self._fd = os.dup(out.fileno())  # ours, even if the program closes its stdout
+            fd = out.fileno()
         except (OSError, ValueError, AttributeError):
-            self._fd = None  # no file descriptor (a StringIO...): write to the stream
-        self.out = out
-        self.threads = Threads(fs.ctx.buffer.threads(), {})
-        self.renderer = renderer_for(fs.tracer.name, fs.ctx.formats, self.threads,
-                                     fs.ctx.options.as_dict(), describe=fs.describe())
-        super().start(fs)
-
-    def consume(self, items: list) -> None:
-        self.threads.names.update(self.fs.ctx.buffer.threads())
-        self._emit_from(self.renderer, items, os.getpid())
-
-    def _emit_from(self, renderer: Any, items: list, pid: int) -> None:
-        """Print a batch of one process's events, after ftrace's context-switch block when
-        the last line printed was another process's."""
-        lines = [line for item in items for line in renderer.feed(item)]
-        if not lines:
-            return
-        first = next((item[2] for item in items if isinstance(item, tuple)), None)
-        last = self._last_tid
-        if first is not None:
-            self.threads.pids.setdefault(first, pid)
-            if last is not None and self.threads.pids.get(last) != pid:
-                from rethook.output.text import switch_lines
-
-                lines = [*switch_lines(self.threads, last, first), *lines]
-            self._last_tid = next(item[2] for item in reversed(items) if isinstance(item, tuple))
-        self._emit(lines)
-
-    def _round(self, pipe: Any, timeout: float) -> bool:
-        got = super()._round(pipe, timeout)
-        if self.children is not None:
-            self._follow_children()
-        return got
-
-    def _follow_children(self) -> None:
-        for pid, tail in self.children.tails(self._tails):
-            items = tail.read()
-            if not items:
-                continue
-            renderer = self._renderers.get(id(tail))
-            if renderer is None:
-                from rethook.output.text import renderer_for
-
-                renderer = self._renderers[id(tail)] = renderer_for(
-                    self.fs.tracer.name, tail.formats, self.threads,
-                    self.fs.ctx.options.as_dict(), describe=self.fs.describe())
-            self.threads.names.update(tail.threads)
-            for tid in tail.threads:
-                self.threads.pids[tid] = pid
-            self._emit_from(renderer, items, pid)
-
-    def _emit(self, lines: Iterable[str]) -> None:
-        text = "".join(line + "\n" for line in lines)
-        if not text:
-            return
-        self.lines += text.count("\n")
-        if self._fd is None:
-            assert self.out is not None
-            self.out.write(text)
-            self.out.flush()
-            return
-        data = text.encode(getattr(self.out, "encoding", None) or "utf-8", "backslashreplace")
-        while data:
-            data = data[os.write(self._fd, data):]
+            fd = None
+        self.meta.update(process_meta(fs))
+        try:
+            super().start(fs)
+            # Started before the run's child processes are followed: it is rethook's, not
+            # the program's. It ignores Ctrl-C: it ends when the file does.
+            argv = [sys.executable, "-m", "rethook.runner.printer", self._abspath]
+            if self.children is not None:
+                argv.append(self.children.rundir)
+            # its stdin is how it learns that the file will not grow: end of file there
+            self._printer = subprocess.Popen(argv, stdout=fd, stdin=subprocess.PIPE,
+                                             stderr=subprocess.PIPE)
+        except BaseException:
+            self._unlink()
+            raise
 
     def finish(self, fs: Tracefs) -> None:
         try:
-            self._drain_rest()
-            if self.children is not None:
-                with notrace():
-                    self._follow_children()
-            self._emit(self.renderer.flush())
-            for renderer in self._renderers.values():
-                self._emit(renderer.flush())
+            super().finish(fs)  # the rest of the events into the file, and its end
         finally:
-            if self._fd is not None:
-                os.close(self._fd)
-                self._fd = None
+            printer = self._printer
+            if printer is not None:
+                _, err = printer.communicate()  # (closes its stdin: nothing more will come)
+                if printer.returncode:
+                    self.printer_error = err.decode("utf-8", "replace").strip().splitlines()
+            self._unlink()
+
+    def _unlink(self) -> None:
+        try:
+            os.unlink(self._abspath)
+        except OSError:
+            pass
 
     def forget(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)  # this process's copy
-            self._fd = None
+        super().forget()
+        if self._printer is not None:
+            self._printer.stdin.close()  # this process's copy: the parent's printer
+            self._printer = None
 
     def report(self, fs: Tracefs, abrupt: bool) -> None:
-        emit(2, _streamed(fs), abrupt)
+        line = f"rethook: {self.events:,} events ({self.lost:,} lost) streamed"
+        if self.error is not None:
+            line += (f"\nrethook: saving events not yet printed in {self.path} failed "
+                     f"({self.error}); the events after that were not streamed (set TMPDIR "
+                     "to a place with room)")
+        elif self.lost:
+            line += f"\nrethook: {LOSS_ADVICE}"
+        if self.printer_error:
+            line += f"\nrethook: printing the stream failed: {self.printer_error[-1]}"
+        emit(2, line, abrupt)
 
 
-
-def _streamed(fs: Tracefs) -> str:
-    totals = fs.ctx.buffer.totals()
-    return f"rethook: {totals.written - totals.lost:,} events ({totals.lost:,} lost) streamed"
+#: What a summary says when the program made events faster than they could be saved.
+LOSS_ADVICE = ("the program made events faster than they could be written; a larger "
+               "per-thread buffer (-b KB) or a narrower filter (-l) keeps them")
 
 
 class ProfileObserver(Observer):
