@@ -829,17 +829,12 @@ def test_parsing_is_pure():
     assert set(sys.modules) == set(before)
 
 
-def test_fetch_is_fast():
-    """A typical return probe fetch: two arguments and $retval, entry to values."""
+def test_fetch_plan_reused_across_calls():
+    """A typical return probe fetch: two arguments and $retval, entry to values; one compiled
+    plan serves every call (its cost is measured in bench/, not asserted here)."""
     d = parse_definition("r mod.f a=$arg2 s=self.name ret=$retval")
     plan = compile_plan(d.args, d.is_return)
-    fr = Box(name="x").method(5)
-    n = 20_000
-    best = float("inf")
-    for _ in range(3):
-        t0 = time.perf_counter_ns()
-        for _ in range(n):
-            plan.values(FetchContext(plan.at_entry(fr), None, 42, None, None, None, 1000))
-        best = min(best, (time.perf_counter_ns() - t0) / n)
-    assert plan.values(FetchContext(plan.at_entry(fr), retval=42)) == ("5", "'x'", "42")
-    assert best < 10_000, f"{best:.0f} ns per fetch"
+    for n in range(3):
+        fr = Box(name=f"x{n}").method(n)
+        assert plan.values(FetchContext(plan.at_entry(fr), retval=42 + n)) == (
+            str(n), f"'x{n}'", str(42 + n))

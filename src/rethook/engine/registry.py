@@ -71,6 +71,8 @@ from types import (
 )
 from typing import Any
 
+from rethook.engine.core import notrace
+
 __all__ = ["FunctionInfo", "Registry", "default_registry", "code_kind", "is_own_module"]
 
 # co_flags bits (the inspect module has them too, but importing inspect is slow).
@@ -918,16 +920,18 @@ def _watch_loader(loader: Any) -> None:
         if code is None:
             code = get_code(fullname)
         if type(code) is CodeType:
-            for reg in _active:
-                reg._on_module_exec(code, fullname)
+            with notrace():  # rethook's own work: a fatal signal's finish waits for its end
+                for reg in _active:
+                    reg._on_module_exec(code, fullname)
         return code
 
     def watched_exec_module(module: ModuleType) -> None:
         try:
             exec_module(module)
         finally:
-            for reg in _active:
-                reg._on_module_loaded(module)
+            with notrace():  # as above: the registry's lock is held in here
+                for reg in _active:
+                    reg._on_module_loaded(module)
 
     try:
         if get_code is not None:
