@@ -5,9 +5,11 @@ from __future__ import annotations
 import gc
 import importlib
 import io
+import os
 import re
 import sys
 import threading
+import time
 import warnings
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
@@ -436,3 +438,26 @@ def test_catches_up_on_imports_without_subscribers() -> None:
         assert f"{name}.caught" in {i.name for i in reg.functions()}
     finally:
         sys.modules.pop(name, None)
+
+
+def test_fork_while_another_thread_holds_the_registry() -> None:
+    """A thread busy in the registry when the program forks: the child's registry is usable
+    (it would otherwise be locked by a thread the child does not have)."""
+    reg = Registry()
+    held = threading.Event()
+
+    def busy() -> None:
+        with reg._lock:
+            held.set()
+            time.sleep(0.2)
+
+    t = threading.Thread(target=busy)
+    t.start()
+    held.wait()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: fork with threads
+        pid = os.fork()
+    if pid == 0:
+        os._exit(0 if reg._lock.acquire(timeout=5) else 1)
+    t.join()
+    assert os.waitpid(pid, 0)[1] == 0

@@ -6,6 +6,7 @@ untraced one (stdout, stderr but rethook's lines, exit status)."""
 from __future__ import annotations
 
 import collections
+import os
 import re
 import resource
 import signal
@@ -122,3 +123,12 @@ def test_os_exit_and_sigkill(tmp_path: Path) -> None:
     exported = tmp_path / "t.pftrace"
     r = run("-m", "rethook", "export", "-i", str(out), "--format", "perfetto", "-o", str(exported))
     assert r.returncode == 0 and exported.stat().st_size > 0
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_own_threads_leave_signals_to_the_program() -> None:
+    """A signal sent to the process must reach the program's threads, as untraced: one that
+    landed on rethook's drain thread would not wake the main thread from a blocking wait."""
+    r = run("-m", "rethook", "record", "-o", os.devnull, "sigmasks.py")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() and set(r.stdout.split()) == {"True"}, r.stdout

@@ -7,12 +7,19 @@ fork as a multi-threaded one is stopped before the fork and started again after 
 (:class:`HiddenThread`); Python 3.13+ counts threads only after the at-fork hooks have
 restarted it, so that one warning is hushed until the restarted thread runs
 (:func:`hush_fork_warning`).
+
+rethook's own threads block the signals sent to the process
+(:func:`leave_signals_to_the_program`): the kernel hands such a signal to any thread that does
+not block it, and one that lands on a background thread does not interrupt the main thread
+where it waits (a pool worker blocked on a lock, a ``time.sleep``): its Python handler would
+not run until that wait ended by itself.
 """
 
 from __future__ import annotations
 
 import _thread
 import os
+import signal
 import sys
 import threading
 import time
@@ -20,9 +27,25 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+from rethook.engine.core import notrace
+
 #: Python's warning on ``os.fork()`` in a process with several threads.
 _FORK_WARNING = r"This process \(pid=\d+\) is multi-threaded, use of fork\(\) may lead"
 _hushed: list[tuple] = []
+
+
+#: Signals the kernel raises in the thread that caused them: never blocked (a blocked one
+#: would still kill the process, without Python's fault handler).
+_SYNCHRONOUS = frozenset(getattr(signal, name) for name in
+                         ("SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL", "SIGTRAP", "SIGSYS", "SIGABRT")
+                         if hasattr(signal, name))
+
+
+def leave_signals_to_the_program() -> None:
+    """Block, in the calling thread (one of rethook's own), every signal sent to the process,
+    so that the kernel delivers them to the program's threads as it would untraced."""
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals() - _SYNCHRONOUS)
 
 
 class HiddenThread:
@@ -45,7 +68,9 @@ class HiddenThread:
 
     def _run(self, done: Any) -> None:
         self.native_id = threading.get_native_id()
-        unhush_fork_warning()
+        with notrace():  # rethook's own work, not the program's (-l '*')
+            leave_signals_to_the_program()
+            unhush_fork_warning()
         try:
             self._target(*self._args)
         finally:

@@ -30,6 +30,7 @@ import time
 import traceback
 from collections.abc import Callable
 
+from rethook.control.hidden import leave_signals_to_the_program
 from rethook.engine.core import in_own_work, notrace
 
 #: The signals whose default action ends the process and that a program is commonly ended by.
@@ -134,6 +135,7 @@ def _on_signal(signum: int, frame: object) -> None:
 
 def _send_again(signum: int) -> None:
     """A deferred signal, sent again a moment later (rethook's own work is short)."""
+    leave_signals_to_the_program()
     time.sleep(RESEND_SECONDS)
     os.kill(os.getpid(), signum)
 

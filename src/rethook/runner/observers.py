@@ -9,22 +9,20 @@ is counted and written), :class:`Streamer` prints events live (``rethook stream`
 
 from __future__ import annotations
 
-import _thread
 import datetime
 import errno
 import json
 import os
 import stat
 import sys
-import threading
 import time
 import types
-import warnings
 from collections.abc import Callable
 from typing import IO, Any
 
 import rethook
 from rethook.buffer.tracefile import DEFAULT_BATCH_EVENTS, TraceWriter, events_in_file
+from rethook.control.hidden import HiddenThread, hush_fork_warning, unhush_fork_warning
 from rethook.control.tracefs import Tracefs
 from rethook.engine import clock
 from rethook.engine.core import notrace
@@ -69,7 +67,7 @@ class _Drain(Observer):
     """
 
     def __init__(self) -> None:
-        self._done: Any = None  # a lock held while the thread runs: joining is acquiring it
+        self._thread: HiddenThread | None = None
         self._stopping = False
         self._running = False
         self._pid = os.getpid()
@@ -85,26 +83,19 @@ class _Drain(Observer):
 
     def _spawn(self) -> None:
         self._stopping = False
-        self._done = _thread.allocate_lock()
-        self._done.acquire()
         self._running = True
-        _thread.start_new_thread(self._run, (self._done,))
+        self._thread = HiddenThread(self._run)
+        self._thread.start()
 
     def _join(self, until_gone: bool = False) -> None:
-        if self._running:
+        if self._running and self._thread is not None:
             self._stopping = True
             self._pipe.close()  # wakes a read that is waiting
-            self._done.acquire()
-            self._done.release()
+            self._thread.join(until_gone=until_gone)
             self._running = False
-            if until_gone:
-                _wait_thread_gone(self._native_id)
 
-    def _run(self, done: Any) -> None:
-        self._native_id = threading.get_native_id()
+    def _run(self) -> None:
         try:
-            with notrace():
-                _unhush_fork_warning()
             while not self._stopping:
                 # rethook's own work: the stdlib code it runs is not the program's (-l '*').
                 # Not one notrace() around the loop: a sweep waits for notrace sections.
@@ -113,8 +104,6 @@ class _Drain(Observer):
                     self.fs.check_hook()  # another tool took the hook: stop tracing now
         except BaseException as e:  # noqa: BLE001 - reported by finish(), in the main thread
             self.error = e
-        finally:
-            done.release()
 
     # The at-fork hooks and stop() run in the program's threads, with tracing on: what they
     # do is rethook's work, not the program's.
@@ -123,7 +112,7 @@ class _Drain(Observer):
             self._paused = os.getpid() == self._pid and self._running
             if self._paused:
                 self._join(until_gone=True)
-                _hush_fork_warning()
+                hush_fork_warning()
 
     def _after_fork_parent(self) -> None:
         with notrace():
@@ -133,7 +122,7 @@ class _Drain(Observer):
 
     def _after_fork_child(self) -> None:
         with notrace():
-            _unhush_fork_warning()
+            unhush_fork_warning()
 
     def stop(self, fs: Tracefs) -> None:
         """The program is over: end the thread (finish() takes what is left)."""
@@ -162,51 +151,6 @@ class _Drain(Observer):
 
     def consume(self, items: list) -> None:
         raise NotImplementedError
-
-
-#: Python's warning on ``os.fork()`` in a process with several threads.
-_FORK_WARNING = r"This process \(pid=\d+\) is multi-threaded, use of fork\(\) may lead"
-_hushed: list[tuple] = []
-
-
-def _os_threads() -> int | None:
-    """How many threads the OS says this process has (Linux), as Python's fork warning
-    counts them; None where that cannot be read."""
-    try:
-        with open("/proc/self/stat", "rb") as f:
-            return int(f.read().rsplit(b")", 1)[1].split()[17])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _hush_fork_warning() -> None:
-    """The program forks with only its one thread: Python 3.13+ would still warn, because it
-    counts threads after the at-fork hooks, which restart the drain thread. Hide that one
-    warning (the drain thread lifts the filter as soon as it runs)."""
-    if sys.version_info >= (3, 13) and _os_threads() == 1:
-        warnings.filterwarnings("ignore", message=_FORK_WARNING, category=DeprecationWarning)
-        _hushed.append(warnings.filters[0])
-
-
-def _unhush_fork_warning() -> None:
-    while _hushed:
-        entry = _hushed.pop()
-        try:
-            warnings.filters.remove(entry)
-        except ValueError:
-            continue  # the program reset the filters meanwhile
-        mutated = getattr(warnings, "_filters_mutated", None)
-        if mutated is not None:
-            mutated()  # as filterwarnings() does: cached decisions are stale
-
-
-def _wait_thread_gone(native_id: int, limit: float = 0.2) -> None:
-    """Wait (briefly) until a thread that has finished its function is gone from the OS too:
-    Python's fork warning counts the threads the OS still lists (on Linux)."""
-    task = f"/proc/self/task/{native_id}"
-    deadline = time.monotonic() + limit
-    while os.path.exists(task) and time.monotonic() < deadline:
-        time.sleep(0.0005)
 
 
 #: Whether recorders write a round that is one thread's native records straight from the
