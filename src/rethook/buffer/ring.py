@@ -77,9 +77,9 @@ The native half
     (:data:`NATIVE_PIPE_POLL_SECONDS`).
 
     A reader that writes a trace file need not turn records into tuples at all:
-    :meth:`TracePipe.read_or_feed` hands a read whose only content is one thread's native
-    records to the caller (``TraceWriter.write_native``, which encodes them in C straight
-    into the file's event chunks); any other read is merged as above.
+    :meth:`TracePipe.read_or_feed` hands each thread whose read is only native records to
+    the caller (``TraceWriter.write_native``, which encodes them in C straight into the
+    file's event chunks); the other threads' reads are merged as above.
 """
 
 from __future__ import annotations
@@ -833,27 +833,31 @@ class TraceBuffer:
         return _merge_threads(batches)
 
     def _consume_or_feed(self, feed: NativeFeed) -> list[Event | Lost] | None:
-        """:meth:`_consume_all`, except that a round whose only content is one thread's
-        native ring -- no Python-side event or loss in any thread, nothing in any other
-        ring -- is handed to ``feed(ring, tid, name_of)``, which must consume the ring
-        (``TraceWriter.write_native``: records encoded without event tuples). Returns the
-        items of the round, or None when ``feed`` took it.
+        """:meth:`_consume_all`, except that each thread whose round is only native records
+        (no Python-side event or loss in that thread) has its ring handed to
+        ``feed(ring, tid, name_of)``, which must consume it (``TraceWriter.write_native``:
+        records encoded without event tuples). Returns the other threads' items, merged, or
+        None when ``feed`` took everything there was.
 
         Every thread's Python side is consumed first, then the rings, as :meth:`_consume`
-        does for one thread; across threads the order of a round's reads never mattered
-        (each thread's writer runs meanwhile, a round is one moment per thread).
+        does for one thread; a thread's records stay in their order, and across threads the
+        order of a round's reads never mattered (each thread's writer runs meanwhile, a round
+        is one moment per thread).
         """
         with self._pipe_lock:
             buffers = self.buffers()
             python = [buf._consume_python() for buf in buffers]
-            if not any(python):
-                pending = [buf for buf in buffers
-                           if buf._native is not None and _native_pending(buf._native)]
-                if len(pending) == 1:
-                    feed(pending[0]._native, pending[0].tid, self._name_of)
-                    return None
-            batches = [batch for buf, items in zip(buffers, python, strict=True)
-                       if (batch := buf._consume_native(items))]
+            batches = []
+            fed = False
+            for buf, items in zip(buffers, python, strict=True):
+                ring = buf._native
+                if not items and ring is not None and _native_pending(ring):
+                    feed(ring, buf.tid, self._name_of)
+                    fed = True
+                elif batch := buf._consume_native(items):
+                    batches.append(batch)
+        if fed and not batches:
+            return None
         return _merge_threads(batches)
 
     def _wake(self) -> None:
@@ -966,9 +970,9 @@ class TracePipe:
         return items
 
     def read_or_feed(self, timeout: float | None, feed: NativeFeed) -> list[Event | Lost] | None:
-        """:meth:`read`, except that a round holding nothing but one thread's native records
-        goes to ``feed(ring, tid, name_of)``, which consumes the ring (a trace writer's
-        ``write_native``): then it returns None at once. [] on timeout or close."""
+        """:meth:`read`, except that the native records of each thread that has nothing else
+        go to ``feed(ring, tid, name_of)``, which consumes the ring (a trace writer's
+        ``write_native``); None when that was the whole round. [] on timeout or close."""
         return self._poll(lambda: self._buffer._consume_or_feed(feed), timeout)
 
     def _poll(self, consume: Callable[[], list[Event | Lost] | None],

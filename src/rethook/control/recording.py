@@ -1,9 +1,9 @@
 """A trace instance's events written into a trace file as they are consumed (``record -P``).
 
 :class:`TraceSink` is the drain's work without its thread: each :meth:`~TraceSink.round`
-consumes ``trace_pipe`` once and writes what came, a round that is one thread's native records
-straight from the C ring (:meth:`TraceWriter.write_native`), anything else through event
-tuples; :meth:`~TraceSink.finish` writes what is left, the per-thread statistics, the probe
+consumes ``trace_pipe`` once and writes what came: each thread's native records straight
+from its C ring (:meth:`TraceWriter.write_native`), anything else through event tuples;
+:meth:`~TraceSink.finish` writes what is left, the per-thread statistics, the probe
 histograms and the END chunk. The control channel runs it from a connection's thread; the
 file is the one the client opened and passed over the socket.
 """

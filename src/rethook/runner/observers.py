@@ -153,7 +153,7 @@ class _Drain(Observer):
         raise NotImplementedError
 
 
-#: Whether recorders write a round that is one thread's native records straight from the
+#: Whether recorders write a thread's native records straight from its
 #: ring (TraceWriter.write_native) rather than through event tuples. Private switch, for
 #: tests and measurements: RETHOOK_FUSED_DRAIN=0 turns it off (the files are the same).
 FUSED_DRAIN = os.environ.get("RETHOOK_FUSED_DRAIN", "1") != "0"
@@ -162,10 +162,11 @@ FUSED_DRAIN = os.environ.get("RETHOOK_FUSED_DRAIN", "1") != "0"
 class Recorder(_Drain):
     """Writes the run's events to a trace file as they come (``rethook record``).
 
-    A drain round that holds nothing but one thread's native records -- a call storm under
-    the native function_graph user -- is written with :meth:`TraceWriter.write_native`:
-    the records go from the ring into the file's event chunks in C, without an event tuple
-    each, several times faster than the tuple path, and into the same bytes."""
+    In each drain round, a thread that has nothing but native records -- a call storm under
+    the native function_graph user, in any number of threads -- is written with
+    :meth:`TraceWriter.write_native`: the records go from its ring into the file's event
+    chunks in C, without an event tuple each, several times faster than the tuple path, and
+    into the same bytes."""
 
     def __init__(self, path: str, meta: dict[str, Any],
                  sections: Callable[[TraceWriter], list[str]] | None = None,
@@ -232,7 +233,7 @@ class Recorder(_Drain):
         return items is None or bool(items)
 
     def _feed(self, ring: Any, tid: int, name_of: Callable[[types.CodeType], str]) -> None:
-        """Write a round that is one native ring's records (see TracePipe.read_or_feed)."""
+        """Write one thread's native records of a round (see TracePipe.read_or_feed)."""
         writer = self.writer
         assert writer is not None
         self._name_threads()
