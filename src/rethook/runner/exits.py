@@ -8,7 +8,8 @@
   A signal the program ignores, or handles itself (installed before or after), stays the
   program's business: its own handler runs, as untraced. A signal that comes while the main
   thread is inside rethook's own work (discovering a function, a handler) is sent again a
-  moment later: finishing there would wait for locks that very thread holds. One that comes
+  moment later: finishing there would wait for locks that very thread holds (during the
+  interpreter's shutdown, when no thread can start, the finish at exit ends by it). One that comes
   while the trace is being finished (a pool terminating workers that are already ending)
   takes effect once the end is written.
 * ``os._exit()`` (what a fork child of multiprocessing ends with, and what some programs
@@ -124,8 +125,13 @@ def _on_signal(signum: int, frame: object) -> None:
         # The signal came while this thread was inside rethook (registering a function it
         # met, say), holding locks that finishing needs: finish once out of it.
         _deferred += 1
-        _thread.start_new_thread(_send_again, (signum,))
-        return
+        try:
+            _thread.start_new_thread(_send_again, (signum,))
+            return
+        except RuntimeError:  # the interpreter is shutting down: no new thread
+            if _finisher is not None:  # the finish at exit is to come: it ends by the signal
+                _pending = signum
+                return
     with notrace():
         if _deferred < MAX_DEFERRALS:  # else stuck inside rethook: end without finishing
             finish_now(signal.Signals(signum).name)
