@@ -2,7 +2,7 @@
 and a spawned Python): events recorded and lost at the default settings, and the wall time
 against the untraced run, interleaved, medians of repeats.
 
-    python bench/bench_children.py [--repeats N] [--n FIB_N]
+    python bench/bench_children.py [--repeat N] [--n FIB_N] [--quick]
 """
 
 from __future__ import annotations
@@ -37,10 +37,13 @@ def fib_calls(n: int) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--repeats", type=int, default=3)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--n", type=int, default=22)
+    parser.add_argument("--quick", action="store_true", help="fib(18), one run")
     args = parser.parse_args()
+    if args.quick:
+        args.n, args.repeat = 18, 1
     from rethook.buffer.tracefile import TraceReader
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -49,7 +52,7 @@ def main() -> None:
             f.write(PROGRAM)
         out = os.path.join(tmp, "t.dat")
         plain_t, traced_t = [], []
-        for _ in range(args.repeats):
+        for _ in range(args.repeat):
             t = time.perf_counter()
             subprocess.run([sys.executable, prog, str(args.n)], check=True, capture_output=True)
             plain_t.append(time.perf_counter() - t)
@@ -65,7 +68,7 @@ def main() -> None:
     ratio = statistics.median(traced_t) / statistics.median(plain_t)
     print(f"children: fib({args.n}) x4 in a fork pool + one spawned Python: {processes} "
           f"processes, {written:,} of {expected:,} events in the trace, {lost:,} counted lost; "
-          f"record / untraced wall time {ratio:.2f}x (median of {args.repeats})")
+          f"record / untraced wall time {ratio:.2f}x (median of {args.repeat})")
 
 
 if __name__ == "__main__":

@@ -68,7 +68,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--fib", type=int, default=23, help="fib(N) is recorded (default 23)")
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--quick", action="store_true", help="fib(20), 3 runs")
     args = ap.parse_args()
+    if args.quick:
+        args.fib, args.repeat = 20, 3
     with tempfile.TemporaryDirectory() as tmp:
         trace = record(args.fib, tmp)
         with TraceReader(trace) as reader:

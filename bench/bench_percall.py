@@ -84,7 +84,10 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--n", type=int, default=27)
     ap.add_argument("--only", default="", help="comma-separated subset of the rows")
+    ap.add_argument("--quick", action="store_true", help="fib(24), 3 rounds")
     args = ap.parse_args()
+    if args.quick:
+        args.n, args.repeat = 24, 3
     n = args.n
     calls = workloads.fib_calls(n)
     rows: dict[str, tuple] = {"floor": (floor_on, floor_off)}

@@ -34,7 +34,10 @@ def hammer(n: int) -> int:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--quick", action="store_true", help="3 runs")
     args = ap.parse_args()
+    if args.quick:
+        args.repeat = 3
     print(f"Python {sys.version.split()[0]}; probe: {PROBE!r}; median of {args.repeat}")
     state: dict = {}
 

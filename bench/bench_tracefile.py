@@ -209,7 +209,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--quick", action="store_true", help="200,000 events, 3 runs")
     args = parser.parse_args()
+    if args.quick:
+        args.events, args.repeat = 200_000, 3
 
     print(f"python {sys.version.split()[0]}")
     print("ring buffer, cached ThreadBuffer.append (median of 5 x 2M):")

@@ -119,7 +119,10 @@ def main() -> None:
     ap.add_argument("--small", type=int, default=300_000)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--no-browser", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="300,000 and 100,000 events, 1 run")
     args = ap.parse_args()
+    if args.quick:
+        args.events, args.small, args.repeat = 300_000, 100_000, 1
     with tempfile.TemporaryDirectory(prefix="rethook-bench-view-") as tmp:
         pages = []
         for n in (args.events, args.small):
