@@ -1,6 +1,10 @@
 """The hook engine on real programs: pairing, order, data, limits, errors, live changes."""
 
+import os
 import sys
+import threading
+import time
+import warnings
 
 import pytest
 
@@ -8,7 +12,7 @@ from programs import calls
 from recorder import Recorder
 from rethook.engine import toolid
 from rethook.engine.core import FLAG_UNFINISHED
-from rethook.engine.engine import FGRAPH_ARRAY_SIZE, EngineError, FgraphOps, FtraceOps
+from rethook.engine.engine import FGRAPH_ARRAY_SIZE, Engine, EngineError, FgraphOps, FtraceOps
 from rethook.engine.filters import FilterError
 
 MOD = "*:mod:programs.calls"
@@ -539,3 +543,32 @@ def test_keyboard_interrupt_from_an_entry_user_keeps_returns_matched(engine):
     excs = [type(r[3]).__name__ for r in rec.returns]
     interrupted = 2
     assert excs == ["KeyboardInterrupt"] * interrupted + ["NoneType"] * 2
+
+
+@pytest.mark.parametrize("started", [False, True])
+def test_fork_while_another_thread_is_in_the_engine(started: bool) -> None:
+    """A thread inside an engine method when the program forks (the engine running or not):
+    the child's engine is usable, not locked by a thread the child does not have."""
+    eng = Engine()
+    held = threading.Event()
+
+    def busy() -> None:
+        with eng._lock:
+            held.set()
+            time.sleep(0.2)
+
+    if started:
+        eng.start()
+    try:
+        t = threading.Thread(target=busy)
+        t.start()
+        held.wait()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: fork with threads
+            pid = os.fork()
+        if pid == 0:
+            os._exit(0 if eng._lock.acquire(timeout=5) else 1)
+        t.join()
+        assert os.waitpid(pid, 0)[1] == 0
+    finally:
+        eng.stop()

@@ -36,6 +36,7 @@ import sys
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Iterable
 from types import CodeType, FrameType
 from typing import Any
@@ -241,6 +242,7 @@ class Engine:
         self.max_depth = max_depth
         self.tool_id: int | None = None
         self._lock = threading.RLock()
+        _engines.add(self)
         self._slots: list[_core.Registration | None] = [None] * FGRAPH_ARRAY_SIZE
         self._graph: dict[FgraphOps, _core.Registration] = {}
         self._entry: dict[FtraceOps, _core.EntryRegistration] = {}
@@ -837,19 +839,30 @@ def get_engine() -> Engine:
         return _default
 
 
+# os.fork(): every engine's lock is held across the fork (so no other thread is inside an
+# engine method at that moment), released in the parent and made anew in the child, where no
+# thread but the forking one exists; the active engine's core forgets the other threads.
+_engines: weakref.WeakSet[Engine] = weakref.WeakSet()
+_held_at_fork: list[Engine] = []
+
+
 def _before_fork() -> None:
-    if _active is not None:
-        _active._lock.acquire()
+    _held_at_fork[:] = list(_engines)
+    for engine in _held_at_fork:
+        engine._lock.acquire()
 
 
 def _after_fork_parent() -> None:
-    if _active is not None:
-        _active._lock.release()
+    for engine in reversed(_held_at_fork):
+        engine._lock.release()
+    _held_at_fork.clear()
 
 
 def _after_fork_child() -> None:
+    for engine in _held_at_fork:
+        engine._lock = threading.RLock()
+    _held_at_fork.clear()
     if _active is not None:
-        _active._lock = threading.RLock()
         _active.core.after_fork_in_child()
 
 
