@@ -18,6 +18,7 @@ not run until that wait ended by itself.
 from __future__ import annotations
 
 import _thread
+import contextlib
 import os
 import signal
 import sys
@@ -26,8 +27,6 @@ import time
 import warnings
 from collections.abc import Callable
 from typing import Any
-
-from rethook.engine.core import notrace
 
 #: Python's warning on ``os.fork()`` in a process with several threads.
 _FORK_WARNING = r"This process \(pid=\d+\) is multi-threaded, use of fork\(\) may lead"
@@ -68,7 +67,9 @@ class HiddenThread:
 
     def _run(self, done: Any) -> None:
         self.native_id = threading.get_native_id()
-        with notrace():  # rethook's own work, not the program's (-l '*')
+        # rethook's own work, not the program's (-l '*'); the channel imports no engine
+        core = sys.modules.get("rethook.engine.core")
+        with core.notrace() if core is not None else contextlib.nullcontext():
             leave_signals_to_the_program()
             unhush_fork_warning()
         try:
