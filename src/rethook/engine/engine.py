@@ -36,12 +36,11 @@ import sys
 import threading
 import time
 import warnings
-import weakref
 from collections.abc import Callable, Iterable
 from types import CodeType, FrameType
 from typing import Any
 
-from rethook.engine import clock, toolid
+from rethook.engine import clock, forklocks, toolid
 from rethook.engine import core as _core
 from rethook.engine.core import (
     DEFAULT_MAX_DEPTH,
@@ -242,7 +241,7 @@ class Engine:
         self.max_depth = max_depth
         self.tool_id: int | None = None
         self._lock = threading.RLock()
-        _engines.add(self)
+        forklocks.hold(self, forklocks.ENGINE)  # not left locked in a fork child
         self._slots: list[_core.Registration | None] = [None] * FGRAPH_ARRAY_SIZE
         self._graph: dict[FgraphOps, _core.Registration] = {}
         self._entry: dict[FtraceOps, _core.EntryRegistration] = {}
@@ -839,35 +838,14 @@ def get_engine() -> Engine:
         return _default
 
 
-# os.fork(): every engine's lock is held across the fork (so no other thread is inside an
-# engine method at that moment), released in the parent and made anew in the child, where no
-# thread but the forking one exists; the active engine's core forgets the other threads.
-_engines: weakref.WeakSet[Engine] = weakref.WeakSet()
-_held_at_fork: list[Engine] = []
-
-
-def _before_fork() -> None:
-    _held_at_fork[:] = list(_engines)
-    for engine in _held_at_fork:
-        engine._lock.acquire()
-
-
-def _after_fork_parent() -> None:
-    for engine in reversed(_held_at_fork):
-        engine._lock.release()
-    _held_at_fork.clear()
-
-
 def _after_fork_child() -> None:
-    for engine in _held_at_fork:
-        engine._lock = threading.RLock()
-    _held_at_fork.clear()
+    """The running engine's core keeps the forking thread's state only (the engine's lock is
+    made anew by forklocks, whose hook runs first)."""
     if _active is not None:
         _active.core.after_fork_in_child()
 
 
-os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_parent,
-                    after_in_child=_after_fork_child)
+os.register_at_fork(after_in_child=_after_fork_child)
 
 __all__ = [
     "Engine", "EngineError", "FgraphOps", "FtraceOps", "FLAG_CLOSED", "FLAG_UNFINISHED",

@@ -71,6 +71,7 @@ from types import (
 )
 from typing import Any
 
+from rethook.engine import forklocks
 from rethook.engine.core import notrace
 
 __all__ = ["FunctionInfo", "Registry", "default_registry", "code_kind", "is_own_module"]
@@ -198,7 +199,7 @@ class Registry:
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
-        _registries.add(self)
+        forklocks.hold(self, forklocks.REGISTRY)  # not left locked in a fork child
         self._by_id: dict[int, FunctionInfo] = {}
         self._taken: set[str] = set()
         self._modules: set[str] = set()
@@ -966,32 +967,6 @@ def _deactivate(reg: Registry) -> None:
 _default: Registry | None = None
 _default_lock = threading.Lock()
 
-# os.fork(): no registry is left locked in the child by a thread that does not exist there
-# (another thread discovering code at the moment of the fork would hold it forever).
-_registries: weakref.WeakSet[Registry] = weakref.WeakSet()
-_held_at_fork: list[Registry] = []
-
-
-def _before_fork() -> None:
-    _held_at_fork[:] = list(_registries)
-    for reg in _held_at_fork:
-        reg._lock.acquire()
-
-
-def _after_fork_in_parent() -> None:
-    for reg in reversed(_held_at_fork):
-        reg._lock.release()
-    _held_at_fork.clear()
-
-
-def _after_fork_in_child() -> None:
-    for reg in _held_at_fork:
-        reg._lock = threading.RLock()
-    _held_at_fork.clear()
-
-
-os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
-                    after_in_child=_after_fork_in_child)
 
 
 def default_registry() -> Registry:
