@@ -73,6 +73,12 @@ def test_children_followed_into_one_trace(tmp_path: Path) -> None:
     assert len(leaves) == 3 and dict(calls(out, "__main__.leaf")) == leaves
     report = run("-m", "rethook", "report", "-i", str(out))
     assert report.returncode == 0 and " => " in report.stdout  # process switches shown
+    info = run("-m", "rethook", "info", "-i", str(out))
+    with TraceReader(out) as reader:
+        processes = reader.processes
+    assert info.returncode == 0 and len(processes) >= 9
+    assert re.search(rf"^processes:\s+{len(processes)}$", info.stdout, re.M), info.stdout
+    assert all(re.search(rf"^\s+{pid}\s", info.stdout, re.M) for pid in processes)
 
 
 def _until_ready(proc: subprocess.Popen) -> None:

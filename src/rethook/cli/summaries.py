@@ -151,7 +151,16 @@ def info_lines(info: Any) -> list[str]:
     hists = meta.get("histograms")
     if isinstance(hists, dict) and hists:
         field("histograms", f"{', '.join(sorted(hists))} (rethook hist -i {info.path})")
-    field("processes", f"1 (pid {info.pid})")
+    several = len(info.processes) > 1
+    if several:
+        field("processes", f"{len(info.processes)}")
+        lines.append(f"  {'pid':>8}  {'ppid':>8}  {'how':<6}  command")
+        for pid, proc in info.processes.items():
+            ppid = proc.get("ppid")
+            lines.append(f"  {pid:>8}  {ppid if ppid is not None else '-':>8}  "
+                         f"{str(proc.get('how') or '-'):<6}  {_words(proc.get('argv')) or '-'}")
+    else:
+        field("processes", f"1 (pid {info.pid})")
     span = info.span_ns
     if span is not None:
         field("time span", f"{_seconds(span[1] - span[0])} (first event at "
@@ -162,24 +171,28 @@ def info_lines(info: Any) -> list[str]:
     for name, n in info.events_by_format.items():
         lines.append(f"  {name:<{width}}  {n:>12,}")
     field("threads", f"{len(info.threads)}")
-    lines.append(f"  {'tid':>8}  {'name':<24}  {'events':>12}  {'lost':>8}  span")
+    pid_head = f"{'pid':>8}  " if several else ""
+    lines.append(f"  {pid_head}{'tid':>8}  {'name':<24}  {'events':>12}  {'lost':>8}  span")
     for th in info.threads.values():
         when = (_seconds(th.last_ns - th.first_ns) if th.first_ns is not None
                 and th.last_ns is not None else "-")
-        lines.append(f"  {th.tid:>8}  {th.name or '-':<24}  {th.events:>12,}  {th.lost:>8,}  "
-                     f"{when}")
+        pid = f"{th.pid:>8}  " if several else ""
+        lines.append(f"  {pid}{th.tid:>8}  {th.name or '-':<24}  {th.events:>12,}  "
+                     f"{th.lost:>8,}  {when}")
     return lines
 
 
 def info_json(info: Any) -> str:
     import json
 
-    threads = [{"tid": t.tid, "name": t.name, "events": t.events, "lost": t.lost,
+    threads = [{"tid": t.tid, "pid": t.pid, "name": t.name, "events": t.events, "lost": t.lost,
                 "first_ns": t.first_ns, "last_ns": t.last_ns} for t in info.threads.values()]
     return json.dumps({"path": info.path, "size": info.size, "version": list(info.version),
                        "complete": info.complete, "damage": info.damage, "pid": info.pid,
                        "events": info.events, "lost": info.lost,
                        "events_by_format": info.events_by_format, "threads": threads,
+                       "processes": {str(pid): {k: v for k, v in proc.items() if k != "meta"}
+                                     for pid, proc in info.processes.items()},
                        "span_ns": list(info.span_ns) if info.span_ns else None,
                        "meta": info.meta}, indent=1, sort_keys=True, default=str)
 
@@ -191,6 +204,7 @@ def info_file(path: str, as_json: bool) -> int:
     from rethook.cli.reporting import _error
     from rethook.cli.term import progress
     from rethook.output.info import trace_info
+    from rethook.printable import printable_lines
 
     try:
         reader = TraceReader(path, strict=False)
@@ -206,7 +220,8 @@ def info_file(path: str, as_json: bool) -> int:
         warnings.simplefilter("ignore")  # damage is reported once, below
         with progress(reader, "info", passes=1) as reading:
             info = trace_info(reading)
-    text = info_json(info) if as_json else "\n".join(info_lines(info))
+    # names, argv and metadata come from the program and the file: escaped (JSON escapes)
+    text = info_json(info) if as_json else printable_lines("\n".join(info_lines(info)))
     sys.stdout.write(text + "\n")
     if info.damage is not None:
         _error(info.damage)

@@ -65,6 +65,7 @@ def function_locations(meta: dict[str, Any]) -> dict[str, Location]:
 class ThreadInfo:
     tid: int
     name: str
+    pid: int = 0  # the process the thread belongs to
     events: int = 0
     lost: int = 0  # events dropped, as the LOST markers in the file count them
     first_ns: int | None = None
@@ -85,6 +86,8 @@ class TraceInfo:
     threads: dict[int, ThreadInfo] = field(default_factory=dict)
     events_by_format: dict[str, int] = field(default_factory=dict)
     stats: dict[int, dict[str, Any]] = field(default_factory=dict)  # the STAT chunk's counts
+    #: Every process by pid (the recording one first), as TraceReader.processes gives them.
+    processes: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def events(self) -> int:
@@ -128,6 +131,11 @@ def trace_info(reader: TraceReader) -> TraceInfo:
     formats = reader.formats
     for tid, name in names.items():
         threads.setdefault(tid, ThreadInfo(tid, name)).name = name
+    pid = trace_pid(meta, names)
+    pids = reader.thread_pids
+    for th in threads.values():
+        th.pid = pids.get(th.tid, pid)
+    processes = dict(reader.processes) or {pid: {}}
     by_format = {}
     for fid, n in sorted(counts.items()):
         fmt = formats.get(fid)
@@ -140,7 +148,7 @@ def trace_info(reader: TraceReader) -> TraceInfo:
     return TraceInfo(
         path=str(reader.path), size=size, version=reader.version,
         complete=damage is None, damage=str(damage) if damage is not None else None,
-        meta=dict(meta), pid=trace_pid(meta, names),
+        meta=dict(meta), pid=pid, processes=processes,
         threads=dict(sorted(threads.items(), key=lambda kv: (kv[1].first_ns is None,
                                                               kv[1].first_ns or 0, kv[0]))),
         events_by_format=by_format, stats=dict(stats))
