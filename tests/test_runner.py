@@ -138,3 +138,23 @@ def test_own_threads_leave_signals_to_the_program() -> None:
     r = run("-m", "rethook", "record", "-o", os.devnull, "sigmasks.py")
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() and set(r.stdout.split()) == {"True"}, r.stdout
+
+
+def test_children_losses_are_in_the_summary(tmp_path: Path) -> None:
+    """Events a child process lost are counted in the run's summary, as the file has them."""
+    prog = tmp_path / "storm.py"
+    prog.write_text("import os\n\n"
+                    "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n\n"
+                    "pid = os.fork()\n"
+                    "if pid == 0:\n    fib(20)\n    os._exit(0)\n"
+                    "os.waitpid(pid, 0)\n")
+    out = tmp_path / "t.dat"
+    r = run("-m", "rethook", "record", "-b", "16", "-o", str(out), str(prog), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    said = re.search(r"rethook: ([\d,]+) events \(([\d,]+) lost\)", r.stderr)
+    assert said, r.stderr
+    with TraceReader(out) as reader:
+        events = sum(1 for _ in reader.events())
+        lost = sum(item.count for item in reader.events(lost=True) if not isinstance(item, tuple))
+    assert (int(said.group(1).replace(",", "")), int(said.group(2).replace(",", ""))) == (
+        events, lost)

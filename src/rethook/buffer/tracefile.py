@@ -299,6 +299,7 @@ class TraceWriter:
         self._events = 0
         self._closed = False
         self._sections = False  # append_process was called: the file's own events are over
+        self._sections_lost = 0  # events the appended sections' LOST chunks count
         self._gathered: list[bytes] | None = None  # chunks held for one write (write_native)
         self._scratch_used = False  # the C encoder keeps memory for write_native
         self._out = bytearray()  # write_native's output buffer, kept between calls
@@ -368,6 +369,8 @@ class TraceWriter:
                 break
             if tag == TAG_EVENTS:
                 events += _U32.unpack_from(raw, _CHUNK_HEAD.size)[0]
+            elif tag == TAG_LOST:
+                self._sections_lost += _LOST.unpack_from(raw, _CHUNK_HEAD.size)[1]
             self._file.write(raw)
         self._events += events
         return events, complete
@@ -718,6 +721,11 @@ class TraceWriter:
     @property
     def events_written(self) -> int:
         return self._events
+
+    @property
+    def sections_lost(self) -> int:
+        """Events the appended processes' sections say were lost (their LOST chunks)."""
+        return self._sections_lost
 
     def flush(self) -> None:
         """Write pending definitions and flush the file."""

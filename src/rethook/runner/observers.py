@@ -270,7 +270,7 @@ class Recorder(_Drain):
             self._file.close()
         self.events = writer.events_written
         totals = fs.ctx.buffer.totals()
-        self.lost = totals.lost
+        self.lost = totals.lost + (writer.sections_lost if writer is not None else 0)
         if self.error is not None:  # what counts is what a reader will find in the file
             self.events = events_in_file(self._abspath)
             self.lost = max(self.lost, totals.written - self.events)
