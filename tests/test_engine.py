@@ -1,13 +1,10 @@
 """The hook engine on real programs: pairing, order, data, limits, errors, live changes."""
 
-import os
 import sys
-import threading
-import time
-import warnings
 
 import pytest
 
+from forking import fork_while_held
 from programs import calls
 from recorder import Recorder
 from rethook.engine import toolid
@@ -550,25 +547,9 @@ def test_fork_while_another_thread_is_in_the_engine(started: bool) -> None:
     """A thread inside an engine method when the program forks (the engine running or not):
     the child's engine is usable, not locked by a thread the child does not have."""
     eng = Engine()
-    held = threading.Event()
-
-    def busy() -> None:
-        with eng._lock:
-            held.set()
-            time.sleep(0.2)
-
     if started:
         eng.start()
     try:
-        t = threading.Thread(target=busy)
-        t.start()
-        held.wait()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: fork with threads
-            pid = os.fork()
-        if pid == 0:
-            os._exit(0 if eng._lock.acquire(timeout=5) else 1)
-        t.join()
-        assert os.waitpid(pid, 0)[1] == 0
+        assert fork_while_held(eng) == 0
     finally:
         eng.stop()

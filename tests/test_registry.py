@@ -5,11 +5,9 @@ from __future__ import annotations
 import gc
 import importlib
 import io
-import os
 import re
 import sys
 import threading
-import time
 import warnings
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
@@ -17,6 +15,7 @@ from types import CodeType
 
 import pytest
 
+from forking import fork_while_held
 from rethook.engine.registry import FunctionInfo, Registry, code_kind, default_registry
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -443,21 +442,4 @@ def test_catches_up_on_imports_without_subscribers() -> None:
 def test_fork_while_another_thread_holds_the_registry() -> None:
     """A thread busy in the registry when the program forks: the child's registry is usable
     (it would otherwise be locked by a thread the child does not have)."""
-    reg = Registry()
-    held = threading.Event()
-
-    def busy() -> None:
-        with reg._lock:
-            held.set()
-            time.sleep(0.2)
-
-    t = threading.Thread(target=busy)
-    t.start()
-    held.wait()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: fork with threads
-        pid = os.fork()
-    if pid == 0:
-        os._exit(0 if reg._lock.acquire(timeout=5) else 1)
-    t.join()
-    assert os.waitpid(pid, 0)[1] == 0
+    assert fork_while_held(Registry()) == 0
