@@ -75,7 +75,7 @@ def write_profile(stats: list[FunctionStat], path: str) -> str:
 
     with open(path, "wb") as f:
         count = write_pstats(stats, f)
-    return (f"rethook: profile of {count:,} functions written to {path} "
+    return (f"rethook: profile of {count:,} function{'' if count == 1 else 's'} written to {path} "
             f"({human_size(os.path.getsize(path))}): python -m pstats {path}")
 
 
