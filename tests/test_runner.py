@@ -158,3 +158,33 @@ def test_children_losses_are_in_the_summary(tmp_path: Path) -> None:
         lost = sum(item.count for item in reader.events(lost=True) if not isinstance(item, tuple))
     assert (int(said.group(1).replace(",", "")), int(said.group(2).replace(",", ""))) == (
         events, lost)
+
+
+_STUCK = """
+import os, signal, sys, threading, time
+from rethook.runner import exits
+
+exits.guard(lambda why: print("finished", why, flush=True))
+r, w = exits._wakeup
+os.write(w, bytes([signal.SIGTERM]))  # CPython received it; its handler never ran
+
+
+def drain():
+    while True:
+        exits.check_signals()
+        time.sleep(0.01)
+
+
+threading.Thread(target=drain, daemon=True).start()
+print("waiting", flush=True)
+threading.Event().wait()  # the main thread blocked for good, as a pool worker on its queue
+"""
+
+
+def test_a_fatal_signal_whose_handler_did_not_run_is_raised_again(tmp_path: Path) -> None:
+    """The wakeup fd shows a SIGTERM CPython noted but never handled (it came just before the
+    main thread blocked): rethook's drain raises it again in the main thread, and the process
+    ends by it with its trace finished, as it would have ended untraced."""
+    r = subprocess.run([sys.executable, "-c", _STUCK], env=_env(), capture_output=True,
+                       text=True, timeout=120)
+    assert (r.returncode, r.stdout) == (-signal.SIGTERM, "waiting\nfinished SIGTERM\n"), r.stderr

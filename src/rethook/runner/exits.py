@@ -11,7 +11,8 @@
   moment later: finishing there would wait for locks that very thread holds (during the
   interpreter's shutdown, when no thread can start, the finish at exit ends by it). One that comes
   while the trace is being finished (a pool terminating workers that are already ending)
-  takes effect once the end is written.
+  takes effect once the end is written. One whose handler CPython never runs (it came just
+  before the main thread blocked for good) is raised again by the drain (:func:`check_signals`).
 * ``os._exit()`` (what a fork child of multiprocessing ends with, and what some programs
   call): ``os._exit`` is wrapped to finish the trace first.
 * SIGKILL, a crash: nothing can run. The recorder writes whole chunks as it drains the rings
@@ -40,6 +41,9 @@ FATAL_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP", "S
 
 #: How long a signal that came during rethook's own work waits to be sent again.
 RESEND_SECONDS = 0.005
+#: How long a fatal signal CPython received may stay without its handler run before it is
+#: raised again in the main thread (see check_signals).
+STUCK_SECONDS = 0.05
 #: After this many deferrals (2 s) the signal takes its effect, the trace unfinished.
 MAX_DEFERRALS = 400
 _deferred = 0
@@ -49,6 +53,9 @@ _finisher: Callable[[str], None] | None = None  # this process's, once
 _finishing = False  # the run is being finished: a fatal signal waits for release()
 _pending: int | None = None  # the fatal signal that came while finishing
 _installed: list[int] = []  # signals whose handler is ours
+_wakeup: tuple[int, int] | None = None  # the signal wakeup pipe this process set (r, w)
+_arrived: dict[int, float] = {}  # fatal signal -> when check_signals saw it come
+_handled_at = 0.0  # when _on_signal last ran (time.monotonic)
 
 
 def guard(finish: Callable[[str], None]) -> None:
@@ -64,6 +71,7 @@ def guard(finish: Callable[[str], None]) -> None:
                     _installed.append(sig)
             except (OSError, ValueError):
                 continue
+        _arm_wakeup()
     os._exit = _exit
 
 
@@ -88,6 +96,7 @@ def release() -> None:
                 signal.signal(sig, signal.SIG_DFL)
         except (OSError, ValueError):
             continue
+    _disarm_wakeup()
     pending, _pending = _pending, None
     if pending is not None:
         signal.signal(pending, signal.SIG_DFL)
@@ -117,7 +126,8 @@ def finish_now(why: str) -> None:
 
 
 def _on_signal(signum: int, frame: object) -> None:
-    global _deferred, _pending
+    global _deferred, _pending, _handled_at
+    _handled_at = time.monotonic()
     if _finishing:  # the trace's end is being written: the signal takes effect after it
         _pending = signum
         return
@@ -154,3 +164,85 @@ def _exit(status: int) -> None:
 
 _exit.__doc__ = _real_exit.__doc__
 _exit.__name__ = "_exit"
+
+
+# --- a signal whose handler does not run --------------------------------------------------------
+# CPython runs a Python signal handler when the main thread next checks for signals; one that
+# lands just before the main thread blocks in a call that does not return by itself (a pool
+# worker waiting on a semaphore) is noted and never handled, and the process, which would
+# have died of it untraced, waits forever. The signal wakeup fd shows every signal CPython
+# receives; rethook's drain thread looks at it each round (check_signals) and raises a fatal
+# signal whose handler has not run again in the main thread, which interrupts the wait.
+
+def _close(*fds: int) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def _arm_wakeup() -> None:
+    """Set a wakeup fd (main thread), unless the program has its own; a fork child replaces
+    the one it inherited."""
+    global _wakeup
+    try:
+        r, w = os.pipe()
+        os.set_blocking(r, False)
+        os.set_blocking(w, False)
+    except OSError:
+        return
+    try:
+        old = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+    except (OSError, ValueError):
+        _close(r, w)
+        return
+    inherited, _wakeup = _wakeup, None
+    if old != -1 and (inherited is None or old != inherited[1]):
+        signal.set_wakeup_fd(old)  # the program's: it stays
+        _close(r, w)
+        return
+    if inherited is not None:
+        _close(*inherited)
+    _wakeup = (r, w)
+
+
+def _disarm_wakeup() -> None:
+    """Take the wakeup fd back (main thread), unless the program has set its own since."""
+    global _wakeup
+    if _wakeup is None or threading.current_thread() is not threading.main_thread():
+        return
+    r, w = _wakeup
+    _wakeup = None
+    try:
+        current = signal.set_wakeup_fd(-1)
+        if current != w:
+            signal.set_wakeup_fd(current)
+    except (OSError, ValueError):
+        return
+    _close(r, w)
+
+
+def check_signals() -> None:
+    """Called by rethook's own threads (a drain round): a fatal signal CPython received whose
+    handler has not run after :data:`STUCK_SECONDS` is raised again in the main thread."""
+    wakeup = _wakeup
+    if wakeup is None:
+        return
+    try:
+        data = os.read(wakeup[0], 256)
+    except OSError:  # nothing there (non-blocking), or closed meanwhile
+        data = b""
+    now = time.monotonic()
+    for sig in set(data):
+        if sig in FATAL_SIGNALS and sig not in _arrived:
+            _arrived[sig] = now
+    for sig, when in list(_arrived.items()):
+        if _handled_at >= when or signal.getsignal(sig) is not _on_signal:
+            del _arrived[sig]
+        elif now - when >= STUCK_SECONDS:
+            _arrived[sig] = now
+            try:
+                signal.pthread_kill(threading.main_thread().ident, sig)
+            except (OSError, ValueError):
+                del _arrived[sig]

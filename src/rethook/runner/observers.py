@@ -26,6 +26,7 @@ from rethook.control.hidden import HiddenThread, hush_fork_warning, unhush_fork_
 from rethook.control.tracefs import Tracefs
 from rethook.engine import clock
 from rethook.engine.core import notrace
+from rethook.runner import exits
 from rethook.runner.program import Program
 from rethook.runner.settings import SettingError, TraceSettings
 
@@ -102,6 +103,7 @@ class _Drain(Observer):
                 with notrace():
                     self._round(self._pipe, DRAIN_POLL_SECONDS)
                     self.fs.check_hook()  # another tool took the hook: stop tracing now
+                    exits.check_signals()  # a fatal signal the main thread did not handle
         except BaseException as e:  # noqa: BLE001 - reported by finish(), in the main thread
             self.error = e
 
