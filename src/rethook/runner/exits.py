@@ -223,6 +223,39 @@ def _disarm_wakeup() -> None:
     _close(r, w)
 
 
+# os.fork(): the wakeup pipe is inherited, and a signal the child receives before it has a pipe
+# of its own would be written into the parent's (whose drain would raise it in the parent).
+# The forking thread blocks the fatal signals across the fork; the child drops the inherited
+# pipe (guard() makes it one of its own) before unblocking them.
+_blocked_for_fork: list[set[int]] = []
+
+
+def _before_fork() -> None:
+    if _wakeup is not None and hasattr(signal, "pthread_sigmask"):
+        _blocked_for_fork.append(signal.pthread_sigmask(signal.SIG_BLOCK, FATAL_SIGNALS))
+
+
+def _unblock_after_fork() -> None:
+    while _blocked_for_fork:
+        signal.pthread_sigmask(signal.SIG_SETMASK, _blocked_for_fork.pop())
+
+
+def _after_fork_in_child() -> None:
+    global _wakeup
+    inherited, _wakeup = _wakeup, None
+    if inherited is not None:
+        try:
+            signal.set_wakeup_fd(-1)
+        except (OSError, ValueError):
+            pass
+        _close(*inherited)
+    _unblock_after_fork()
+
+
+os.register_at_fork(before=_before_fork, after_in_parent=_unblock_after_fork,
+                    after_in_child=_after_fork_in_child)
+
+
 def check_signals() -> None:
     """Called by rethook's own threads (a drain round): a fatal signal CPython received whose
     handler has not run after :data:`STUCK_SECONDS` is raised again in the main thread."""
