@@ -183,9 +183,11 @@ def _close(*fds: int) -> None:
 
 
 def _arm_wakeup() -> None:
-    """Set a wakeup fd (main thread), unless the program has its own; a fork child replaces
-    the one it inherited."""
+    """Set a wakeup fd (main thread), unless this process has one already (ours, or the
+    program's). A fork child starts without one (_after_fork_in_child)."""
     global _wakeup
+    if _wakeup is not None:
+        return
     try:
         r, w = os.pipe()
         os.set_blocking(r, False)
@@ -197,13 +199,10 @@ def _arm_wakeup() -> None:
     except (OSError, ValueError):
         _close(r, w)
         return
-    inherited, _wakeup = _wakeup, None
-    if old != -1 and (inherited is None or old != inherited[1]):
+    if old != -1:
         signal.set_wakeup_fd(old)  # the program's: it stays
         _close(r, w)
         return
-    if inherited is not None:
-        _close(*inherited)
     _wakeup = (r, w)
 
 
