@@ -323,29 +323,45 @@ def test_other_layouts_for_the_native_ids_go_the_tuple_path():
 
 
 def test_references_are_released():
+    """The records' references go with the read; the writer's NameCache holds one reference
+    to each code it names, dropped with another name_of and when the writer closes."""
     def refs():
         return [sys.getrefcount(c) for c in CODES]
 
     before = refs()
+    held = [n + 1 for n in before]
     ring = cring.Ring(32, TID)
     w = new_writer(5)
     for _ in range(3):
         write_records((ring,), [(1 + k % 5, k % 4, (k + 1) % 4, k, 3, 0, 0, 0, 0)
                                 for k in range(50)])
         fused(w, ring)
-        assert refs() == before
+        assert refs() == held and len(w._names) == 4
     write_records((ring,), [(2, 0, None, 0, 1, 0, 0, 0, 0), (9, 1, None, 0, 1, 0, 0, 0, 0)])
     fused(w, ring)  # the tuple path, for the unknown type
-    assert refs() == before
+    assert refs() == held
     write_records((ring,), [(2, 0, None, 0, 1, 0, 0, 0, 0)] * 3)
     with pytest.raises(ZeroDivisionError):
-        fused(w, ring, lambda code: 1 / 0)
+        fused(w, ring, lambda code: 1 / 0)  # another name_of: the names are dropped first
+    assert refs() == before and len(w._names) == 0
+    write_records((ring,), [(2, 1, None, 0, 1, 0, 0, 0, 0)] * 3)
+    fused(w, ring)
+    assert refs() == [before[0], held[1], *before[2:]]
+    w.close()
+    assert refs() == before and w._names is None
+    # a table of the call's own (no NameCache) keeps nothing
+    write_records((ring,), [(1 + k % 5, k % 4, (k + 1) % 4, k, 3, 0, 0, 0, 0)
+                            for k in range(20)])
+    _tfenc.encode_ring(ring, TID, names, {}, [], 5)
     assert refs() == before
 
 
 def test_a_code_whose_last_reference_is_a_record_is_freed_after_the_read():
     """Freeing a code runs Python code (weakref callbacks): only once every record is out
-    of the ring. A callback that writes into the ring lands in the next read."""
+    of the ring. A callback that writes into the ring lands in the next read. A table of
+    the call's own frees it at the end of the read; the writer's NameCache keeps it until
+    it drops its names -- here at the start of a call with another name_of, before the
+    records are named, so that the callback's record is in that call's read."""
     ring = cring.Ring(16, TID)
     ns: dict = {}
     exec("def ephemeral():\n    pass\n", ns)
@@ -359,14 +375,22 @@ def test_a_code_whose_last_reference_is_a_record_is_freed_after_the_read():
     ref = weakref.ref(code, gone)
     ring.write(2, 1, code, None, 0, 0, 0, 0, 0)
     ring.write(3, 2, code, None, 0, 1, 0, 0, 0)
+    twin = cring.Ring(16, TID)
+    twin.write(2, 1, code, None, 0, 0, 0, 0, 0)
+    twin.write(3, 2, code, None, 0, 1, 0, 0, 0)
+    new_strings: list[str] = []
+    _tfenc.encode_ring(twin, TID, names, {}, new_strings, 8)  # its own table
+    assert new_strings == ["mod.ephemeral", ""]
     del code
     gc.collect()
     assert ref() is not None and not fired  # the ring keeps it
     w = new_writer()
     assert fused(w, ring) == 2
-    assert ref() is None and fired == [2]  # freed after the read, not during it
-    assert ring.stats() == (1, 3, 0, 2)
-    assert fused(w, ring) == 1
+    assert ref() is not None and not fired and len(w._names) == 1  # the NameCache keeps it
+    assert ring.stats() == (0, 2, 0, 2)
+    assert fused(w, ring, clashing) == 1  # another name_of: the names are dropped first
+    assert ref() is None and fired == [2]
+    assert ring.stats() == (0, 3, 0, 3)
     events = read_back(finish(w))
     assert [(e[0], e[1], e[4]) for e in events] == [
         (2, 1, "mod.ephemeral"), (3, 2, "mod.ephemeral"), (2, 99, "mod.f_alpha")]
@@ -457,6 +481,299 @@ def test_reentrant_calls():
     assert finish(w_inner) == finish(wt)
 
 
+# -- the names table kept between calls (NameCache) ---------------------------------------------
+
+
+def test_the_writer_names_each_code_once():
+    """write_native keeps its names between calls (a NameCache): name_of runs once per
+    distinct code over all the rounds -- not once per code per round, as with a table of
+    the call's own -- and the file is the tuple path's, byte for byte."""
+    calls = []
+
+    class Registry:
+        def name(self, code):
+            calls.append(code)
+            return names(code)
+
+    reg = Registry()
+    a, b = cring.Ring(64, TID), cring.Ring(64, TID)
+    wa, wb = new_writer(7), new_writer(7)
+    rounds = [[(1 + k % 5, (k + r) % 3, k % 4 if k % 2 else None, k, 3, k, 0, 0, 0)
+               for k in range(30)] for r in range(6)]
+    ts = 0
+    for records in rounds:
+        ts = write_records((a, b), records, ts)
+        # reg.name is a new bound method each time: the same name_of all the same
+        assert fused(wa, a, reg.name) == tuple_path(wb, b) == 30
+    assert len(calls) == 4 and set(calls) == set(CODES)
+    assert len(wa._names) == 4
+    assert wa._strings == wb._strings
+    assert finish(wa) == finish(wb)
+    # the 6-argument form: a table for the call alone, name_of once per code per call
+    calls.clear()
+    ring = cring.Ring(64, TID)
+    for records in rounds:
+        write_records((ring,), records)
+        _tfenc.encode_ring(ring, TID, reg.name, {}, [], 7)
+    assert len(calls) == 6 * 4
+
+
+def test_a_name_cache_follows_the_string_table():
+    """Called with another string table, a NameCache forgets its indices and looks its names
+    up in that one: the payloads are a table of the call's own's."""
+    cache = _tfenc.NameCache()
+    a, b = cring.Ring(32, TID), cring.Ring(32, TID)
+
+    def both(ta, tb, name_of=names, first=0):
+        records = [(2 + k % 2, (first + k) % 4, None, 1, 2, k, 0, 0, 0) for k in range(12)]
+        write_records((a, b), records)
+        na: list[str] = []
+        nb: list[str] = []
+        got = _tfenc.encode_ring(a, TID, name_of, ta, na, 5, cache)
+        assert got == _tfenc.encode_ring(b, TID, name_of, tb, nb, 5)
+        assert na == nb and ta == tb
+        return got, na
+
+    table_a, twin_a = {}, {}
+    _, added = both(table_a, twin_a)
+    assert added == ["mod.f_alpha", "mod.f_gamma", "", "mod.f_beta", "mod.f_delta"]
+    assert len(cache) == 4
+    table_b = {"x": 0, "mod.f_gamma": 1, "": 2}
+    twin_b = dict(table_b)
+    _, added = both(table_b, twin_b, first=1)  # B's indices, not A's
+    assert added == ["mod.f_beta", "mod.f_delta", "mod.f_alpha"]
+    assert table_b == {"x": 0, "mod.f_gamma": 1, "": 2, "mod.f_beta": 3, "mod.f_delta": 4,
+                       "mod.f_alpha": 5}
+    _, added = both(table_a, twin_a, first=2)  # back to A
+    assert added == []
+    table_a["y"] = 5  # a table may grow between the calls (the writer's tuple path)
+    twin_a["y"] = 5
+    both(table_a, twin_a, first=3)
+    # a table holding something else than the ints it stores: the tuple path, as without
+    odd = {"mod.f_beta": "one"}
+    (_, _, batches, events), added = both(odd, dict(odd), first=1)
+    assert batches is None and len(events) == 12 and added == [] and odd == {"mod.f_beta": "one"}
+    assert len(cache) == 4
+
+
+def test_a_name_cache_drops_the_names_of_another_name_of():
+    """Names are name_of's: with another one, the codes are named again."""
+    cache = _tfenc.NameCache()
+    ring = cring.Ring(32, TID)
+    calls = []
+
+    def counting(name_of):
+        def counted(code):
+            calls.append(name_of)
+            return name_of(code)
+        return counted
+
+    by_names, by_clashing = counting(names), counting(clashing)
+    for name_of, named in ((by_names, 4), (by_clashing, 4), (by_clashing, 0), (by_names, 4)):
+        calls.clear()
+        write_records((ring,), [(2, k % 4, None, 0, 1, k, 0, 0, 0) for k in range(8)])
+        table: dict = {}
+        _tfenc.encode_ring(ring, TID, name_of, table, [], 8, cache)
+        assert len(calls) == named and len(cache) == 4
+        assert list(table) == [*dict.fromkeys(map(name_of, CODES)), ""]
+
+
+def test_a_failed_write_forgets_the_strings_in_the_name_cache():
+    """write_native deletes the strings no chunk defined when writing fails (as _write_batch
+    does): the NameCache forgets their indices, and later rounds, whose names get other
+    indices, are written as the tuple path writes them."""
+    a, b = cring.Ring(64, TID), cring.Ring(64, TID)
+    wa, wb = new_writer(4), new_writer(4)
+    write_records((a, b), [(2, 0, None, 0, 1, 0, 0, 0, 0)] * 3)
+    assert fused(wa, a) == tuple_path(wb, b) == 3
+
+    def failing(*args):
+        raise OSError("no space left")
+
+    write_records((a, b), [(2 + k % 2, 1 + k % 2, None, 0, 1, k, 0, 0, 0) for k in range(6)])
+    wa._write_strings = failing
+    with pytest.raises(OSError, match="no space"):
+        fused(wa, a)
+    del wa._write_strings
+    b.consume()  # the twin skips the round
+    assert wa._strings == wb._strings == {"mod.f_alpha": 0, "": 1}
+    assert len(wa._names) == 3  # the names stay; the indices of beta and gamma are gone
+    # delta first: beta and gamma get other indices than the failed round gave them
+    write_records((a, b), [(2 + k % 2, 3 - k % 4, None, 0, 1, k, 0, 0, 0) for k in range(12)])
+    assert fused(wa, a) == tuple_path(wb, b) == 12
+    assert wa._strings == wb._strings
+    assert wa._strings["mod.f_delta"] == 2
+    got = read_back(finish(wa))
+    assert got == read_back(finish(wb))
+    assert [e[4] for e in got][-4:] == ["mod.f_delta", "mod.f_gamma", "mod.f_beta",
+                                        "mod.f_alpha"]
+
+
+def test_a_failed_batch_forgets_the_strings_in_the_name_cache():
+    """_write_batch (the tuple path of a round write_native declines) deletes its new strings
+    when encoding fails, and tells the NameCache (which can hold no index of them: they
+    were new to the table); later rounds are written right."""
+    a, b = cring.Ring(64, TID), cring.Ring(64, TID)
+    wa, wb = new_writer(4), new_writer(4)
+    write_records((a, b), [(2, 0, None, 0, 1, 0, 0, 0, 0)] * 3)
+    fused(wa, a)
+    tuple_path(wb, b)
+    for w in (wa, wb):
+        with pytest.raises(TypeError):  # a str column holding an int: nothing written
+            w.write_events([(FUNCGRAPH_ENTRY.id, 1, TID, 0, "py.new", ""),
+                            (FUNCGRAPH_ENTRY.id, 2, TID, 0, 7, "")])
+    assert wa._strings == wb._strings == {"mod.f_alpha": 0, "": 1}
+    write_records((a, b), [(2 + k % 2, k % 4, None, 0, 1, k, 0, 0, 0) for k in range(12)])
+    assert fused(wa, a) == tuple_path(wb, b) == 12
+    assert finish(wa) == finish(wb)
+
+
+def test_a_name_cache_after_running_out_of_memory():
+    """Allocations failing one after another inside encode_ring: whatever the call leaves
+    (an error, the strings it added deleted), the NameCache then encodes what a table of
+    the call's own encodes, and no reference is leaked."""
+    testcapi = pytest.importorskip("_testcapi")
+    if not hasattr(testcapi, "set_nomemory"):
+        pytest.skip("_testcapi.set_nomemory is missing")
+
+    def refs():
+        return [sys.getrefcount(c) for c in CODES]
+
+    before = refs()
+    failed = 0
+    for start in range(120):
+        cache = _tfenc.NameCache()
+        ring = cring.Ring(32, TID)
+        table: dict = {}
+        write_records((ring,), [(2, 0, None, 0, 1, 0, 0, 0, 0)] * 3)
+        _tfenc.encode_ring(ring, TID, names, table, [], 4, cache)
+        write_records((ring,), [(2 + k % 2, 1 + k % 3, None, 0, 1, k, 0, 0, 0)
+                                for k in range(9)])
+        added: list[str] = []
+        testcapi.set_nomemory(start)
+        try:
+            try:
+                _tfenc.encode_ring(ring, TID, names, table, added, 4, cache)
+            finally:
+                testcapi.remove_mem_hooks()
+        except MemoryError:
+            failed += 1
+            assert table == {"mod.f_alpha": 0, "": 1} and added == []
+        c, d = cring.Ring(32, TID), cring.Ring(32, TID)
+        write_records((c, d), [(2 + k % 2, 3 - k % 4, None, 0, 1, k, 0, 0, 0)
+                               for k in range(12)])
+        twin = dict(table)
+        nc: list[str] = []
+        nd: list[str] = []
+        assert _tfenc.encode_ring(c, TID, names, table, nc, 4, cache) == _tfenc.encode_ring(
+            d, TID, names, twin, nd, 4)
+        assert nc == nd and table == twin
+        del cache, ring, c, d
+        assert refs() == before
+    assert failed > 5
+
+
+@settings(max_examples=200, deadline=None)
+@given(rounds=st.lists(st.tuples(st.lists(RECORD, max_size=40),
+                                 st.sampled_from(["same", "same", "other", "forget"]),
+                                 st.sampled_from([names, names, clashing])),
+                       min_size=1, max_size=6),
+       capacity=st.integers(1, 40), batch=st.integers(1, 30),
+       unknown_every=st.sampled_from([0, 0, 0, 7]))
+def test_a_name_cache_encodes_what_a_table_of_the_call_encodes(rounds, capacity, batch,
+                                                               unknown_every):
+    """Rounds through one NameCache, switching string tables, deleting a table's newest
+    strings (forget_strings, as the writer does), changing name_of: every call returns and
+    adds what the 6-argument form (a table of the call's own) returns and adds."""
+    cache = _tfenc.NameCache()
+    a, b = cring.Ring(capacity, TID), cring.Ring(capacity, TID)
+    tables = [({}, {}), ({"x": 0, "mod.f_beta": 1}, {"x": 0, "mod.f_beta": 1})]
+    current = 0
+    ts = 0
+    for k, (records, op, name_of) in enumerate(rounds):
+        if op == "other":
+            current = 1 - current
+        ta, tb = tables[current]
+        if op == "forget" and ta:
+            keep = len(ta) - 1 - k % 2
+            for table in (ta, tb):
+                for s in list(table)[max(keep, 0):]:
+                    del table[s]
+            cache.forget_strings(len(ta))
+        ts = write_records((a, b), records, ts, unknown_every)
+        na: list[str] = []
+        nb: list[str] = []
+        got = _tfenc.encode_ring(a, TID, name_of, ta, na, batch, cache)
+        assert got == _tfenc.encode_ring(b, TID, name_of, tb, nb, batch)
+        assert na == nb and ta == tb
+        assert ring_state(a) == ring_state(b)
+
+
+def test_reentrant_calls_into_the_same_writer():
+    """name_of drains another thread's ring into the same writer (Python code may): the
+    inner call finds the writer's NameCache in use and has a table of its own; the file is
+    the tuple path's."""
+    inner = {"fused": cring.Ring(16, 7), "tuple": cring.Ring(16, 7)}
+    write_records(tuple(inner.values()), [(3, 1, None, 1, 2, 1, 0, 0, 0)] * 10)
+    writers = {"fused": new_writer(), "tuple": new_writer()}
+
+    def make_name_of(path):
+        def name_of(code):
+            ring = inner[path]
+            if ring.head != ring.floor:
+                (fused if path == "fused" else tuple_path)(writers[path], ring, names, 7)
+            return names(code)
+        return name_of
+
+    a, b = cring.Ring(16, TID), cring.Ring(16, TID)
+    write_records((a, b), [(2, k % 3, None, 0, 2, 0, 0, 0, 0) for k in range(10)])
+    name_of = make_name_of("fused")
+    fused(writers["fused"], a, name_of)
+    tuple_path(writers["tuple"], b, make_name_of("tuple"))
+    assert len(writers["fused"]._names) == 3  # the outer call's names
+    write_records((a, b), [(2, k % 4, None, 0, 2, 0, 0, 0, 0) for k in range(10)])
+    fused(writers["fused"], a, name_of)
+    tuple_path(writers["tuple"], b)
+    assert finish(writers["fused"]) == finish(writers["tuple"])
+
+
+def test_name_cache_api():
+    cache = _tfenc.NameCache()
+    assert len(cache) == 0 and "codes" in _tfenc.NameCache.__doc__
+    with pytest.raises(TypeError):
+        _tfenc.NameCache(1)
+    with pytest.raises(ValueError):
+        cache.forget_strings(-1)
+    with pytest.raises(TypeError):
+        cache.forget_strings("0")
+    ring = cring.Ring(16, TID)
+    with pytest.raises(TypeError, match="NameCache"):
+        _tfenc.encode_ring(ring, TID, names, {}, [], 4, {})
+    with pytest.raises(TypeError):
+        _tfenc.encode_ring(ring, TID, names, {}, [], 4, cache, None)
+    write_records((ring,), [(2, k % 2, None, 0, 1, 0, 0, 0, 0) for k in range(4)])
+    assert _tfenc.encode_ring(ring, TID, names, {}, [], 4, None)[0:2] == (0, 0)  # None: own
+    assert len(cache) == 0
+
+    # clear() while a call uses it (from name_of): done when that call ends
+    def clearing(code):
+        cache.clear()
+        assert len(cache) == 0 or code is CODES[1]
+        return names(code)
+
+    write_records((ring,), [(2, k % 2, None, 0, 1, 0, 0, 0, 0) for k in range(4)])
+    table: dict = {}
+    _, _, batches, _ = _tfenc.encode_ring(ring, TID, clearing, table, [], 4, cache)
+    assert len(batches) == 1 and len(table) == 3
+    assert len(cache) == 0
+    write_records((ring,), [(2, k % 2, None, 0, 1, 0, 0, 0, 0) for k in range(4)])
+    _tfenc.encode_ring(ring, TID, names, table, [], 4, cache)
+    assert len(cache) == 2
+    cache.clear()
+    assert len(cache) == 0
+    cache.clear()
+
+
 def test_prepared_writer_writes_the_same():
     a, b = cring.Ring(128, TID), cring.Ring(128, TID)
     write_records((a, b), [(2 + k % 2, k % 4, None, k % 9, 7, k, 0, 0, 0) for k in range(100)])
@@ -470,8 +787,8 @@ def test_prepared_writer_writes_the_same():
 
 @pytest.mark.parametrize("short_writes", [False, True])
 def test_unbuffered_files_get_one_writev(tmp_path, monkeypatch, short_writes):
-    """To an unbuffered file (the recorder's) the chunks of a call go in one os.writev,
-    uncopied; a short write is carried on where it stopped."""
+    """To an unbuffered file that is not a regular one (a pipe) the chunks of a call go in
+    one os.writev, uncopied; a short write is carried on where it stopped."""
     calls = []
     real = os.writev
 
@@ -488,7 +805,8 @@ def test_unbuffered_files_get_one_writev(tmp_path, monkeypatch, short_writes):
                      batch_events=20)
     wb = TraceWriter(open(paths[1], "wb", buffering=0), formats=builtin_registry(),
                      batch_events=20)
-    assert wa._writev
+    assert wa._writev and wa._held  # (a regular file: see the next test)
+    wa._held = False
     monkeypatch.setattr(tracefile.os, "writev", writev)
     fused(wa, a)
     monkeypatch.undo()
@@ -498,6 +816,49 @@ def test_unbuffered_files_get_one_writev(tmp_path, monkeypatch, short_writes):
         w._file.close()
     assert paths[0].read_bytes() == paths[1].read_bytes()
     assert len(calls) == 1 if not short_writes else len(calls) > 10
+
+
+def test_regular_files_are_written_with_the_gil_held(tmp_path):
+    """To a regular file the chunks of a call are written by _tfenc.write_held, which keeps
+    the GIL (a drain round that let it go waited for it again): the same bytes."""
+    a, b = cring.Ring(64, TID), cring.Ring(64, TID)
+    write_records((a, b), [(2 + k % 2, k % 3, None, k % 6, 5, k, 0, 0, 0) for k in range(80)])
+    paths = (tmp_path / "fused.dat", tmp_path / "tuple.dat")
+    wa = TraceWriter(open(paths[0], "wb", buffering=0), formats=builtin_registry(),
+                     batch_events=20)
+    wb = TraceWriter(open(paths[1], "wb", buffering=0), formats=builtin_registry(),
+                     batch_events=20)
+    assert wa._held
+    fused(wa, a)
+    tuple_path(wb, b)
+    for w in (wa, wb):
+        w.close()
+        w._file.close()
+    assert paths[0].read_bytes() == paths[1].read_bytes()
+
+
+def test_write_held_writes_every_part_in_order(tmp_path):
+    """write_held: many parts, empty ones, more than one writev takes, into a pipe read by
+    another process (the GIL is held: a thread of ours could not read it)."""
+    import subprocess
+
+    parts = [bytes([k % 251]) * (k * 37 % 5000) for k in range(300)]
+    out = tmp_path / "out"
+    with open(out, "wb") as sink:
+        reader = subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=sink)
+        assert reader.stdin is not None
+        assert tracefile._tfenc.write_held(reader.stdin.fileno(), list(parts)) == \
+            sum(map(len, parts))
+        reader.stdin.close()
+        assert reader.wait() == 0
+    assert out.read_bytes() == b"".join(parts)
+    r, w = os.pipe()
+    os.close(w)
+    os.close(r)
+    with pytest.raises(OSError):  # a closed descriptor
+        tracefile._tfenc.write_held(w, [b"x"])
+    with pytest.raises(TypeError):
+        tracefile._tfenc.write_held(1, (b"x",))
 
 
 @given(data=st.binary(max_size=3000), value=st.integers(0, (1 << 32) - 1))

@@ -36,12 +36,16 @@
  * still the ring's), then takes them with Ring.consume()'s accounting but leaves them in
  * their slots, and reads them there, batch by batch, into the same column arrays and
  * write_ints() as encode_group(); no Python code runs until every record's references are
- * out of the ring. See the section "The fused drain" below.
+ * out of the ring. See the section "The fused drain" below. Its names table may be kept
+ * from one call to the next (a NameCache, the writer's): a code's name is fixed for a
+ * recording, so name_of then runs once per code rather than once per code per drain round.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <errno.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/uio.h>
 
 #include "cring.h" /* the native ring's records, for encode_ring() */
 
@@ -697,6 +701,91 @@ tfenc_crc32(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 }
 
 /* ---------------------------------------------------------------------------------------- */
+/* Writing a round's chunks, the GIL held                                                     */
+
+/* os.writev() releases the GIL for the call. The drain thread then waits to get it back: a
+ * CPU-bound program thread keeps it a switch interval (5 ms) once asked, and with several
+ * program threads waiting the drain wins one handoff in several. A round that writes a chunk
+ * run per thread waited that long once per thread, while the rings filled. A write of a
+ * round's chunks (a few MB) into the page cache takes well under a millisecond: hold the GIL
+ * for it. Only for a regular file (TraceWriter's choice): a pipe may block for as long as its
+ * reader pleases. */
+
+PyDoc_STRVAR(write_held_doc,
+"write_held(fd, parts) -> int\n\
+\n\
+Write every bytes-like object of the list parts, in order, to the file descriptor\n\
+fd (a regular file), as os.writev does, without releasing the GIL: short writes and\n\
+EINTR are retried. Returns the bytes written; raises OSError.");
+
+#define WRITE_HELD_IOV 64 /* pieces per writev() call */
+
+static PyObject *
+write_held(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 2 || !PyList_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "write_held(fd, parts): an int and a list");
+        return NULL;
+    }
+    int fd = PyObject_AsFileDescriptor(args[0]);
+    if (fd < 0)
+        return NULL;
+    PyObject *parts = args[1];
+    Py_ssize_t n = PyList_GET_SIZE(parts);
+    Py_buffer *views = PyMem_Calloc((size_t)(n ? n : 1), sizeof(Py_buffer));
+    struct iovec *iov = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(struct iovec));
+    Py_ssize_t got = 0, total = 0;
+    PyObject *result = NULL;
+    if (views == NULL || iov == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    /* (the list is ours for the call: nothing here runs Python code) */
+    for (; got < n; got++) {
+        if (PyObject_GetBuffer(PyList_GET_ITEM(parts, got), &views[got], PyBUF_SIMPLE) < 0)
+            goto done;
+        iov[got].iov_base = views[got].buf;
+        iov[got].iov_len = (size_t)views[got].len;
+    }
+    Py_ssize_t i = 0;
+    while (i < n) {
+        if (iov[i].iov_len == 0) {
+            i++;
+            continue;
+        }
+        int count = n - i < WRITE_HELD_IOV ? (int)(n - i) : WRITE_HELD_IOV;
+        ssize_t done = writev(fd, &iov[i], count);
+        if (done < 0) {
+            if (errno == EINTR)
+                continue;
+            PyErr_SetFromErrno(PyExc_OSError);
+            goto done;
+        }
+        if (done == 0) {
+            PyErr_SetString(PyExc_OSError, "write_held(): nothing written");
+            goto done;
+        }
+        total += done;
+        while (i < n && (size_t)done >= iov[i].iov_len) {
+            done -= (ssize_t)iov[i].iov_len;
+            i++;
+        }
+        if (done) { /* a short write, mid-piece */
+            iov[i].iov_base = (char *)iov[i].iov_base + done;
+            iov[i].iov_len -= (size_t)done;
+        }
+    }
+    result = PyLong_FromSsize_t(total);
+done:
+    for (Py_ssize_t k = 0; k < got; k++)
+        PyBuffer_Release(&views[k]);
+    PyMem_Free(views);
+    PyMem_Free(iov);
+    return result;
+}
+
+/* ---------------------------------------------------------------------------------------- */
 /* The fused drain: a native ring's records straight into EVTS payloads                       */
 
 /* What TraceWriter.write_events(native.consumed_items(ring.consume(tid, name_of), tid))
@@ -710,7 +799,8 @@ tfenc_crc32(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
  *
  * The steps, and why in this order:
  *   1. name_records(): every readable record is named, in ring order, name_of called once per
- *      distinct code (held by the table from then on). name_of runs Python code, during which
+ *      distinct code (held by the table from then on; one a NameCache names already is not
+ *      named again, see NameCache). name_of runs Python code, during which
  *      the program may write, overwrite, clear or resize the ring: the pass carries on or
  *      starts again, and ends having looked at every record of [floor, head) with no Python
  *      code run since. It also notes each record's type, by slot.
@@ -720,7 +810,8 @@ tfenc_crc32(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
  *      holds every code, so no release frees anything here), strings added to the table as
  *      _encode_strings adds them, the columns encoded, the payload's CRC computed. Nothing
  *      here may run Python code: a writer would release the references still in the slots.
- *   4. the result built, the names released (codes freed now run their weakref callbacks).
+ *   4. the result built, the names released (codes freed now run their weakref callbacks),
+ *      or kept in the NameCache for the next call.
  * No copy of the records is made: reading them where they are saves writing and reading
  * again 56 bytes a record, a good part of the ~30 ns a record this takes. The GIL is held
  * throughout: released, it would go to the program, which keeps it a switch interval (5 ms)
@@ -761,16 +852,21 @@ is_str_source(int src)
     return src == S_CODE || src == S_PARENT || src == S_EMPTY;
 }
 
-/* A string index not known yet (its top bit set: a column's OR of its values shows it) */
+/* A string index not known yet (its top bit set: a column's OR of its values shows it):
+ * NO_INDEX, the string was not in the table when looked up (slot_index() adds it, looking
+ * again first); UNCHECKED, not looked up in this table yet (a NameCache's slot whose index
+ * was forgotten: the table is another one, or lost its newest strings). */
 #define NO_INDEX UINT64_MAX
+#define UNCHECKED (UINT64_MAX - 1)
 
-/* The names of one call: code object -> slot, slot -> (name, string table index). The codes
- * are held (a record naming one may be overwritten while name_of runs), the names too. Slot
- * 0 is "" (no parent, no args, no retval); a NULL code (never written by the native users)
- * is named "?" as _cring does. */
+/* The names of one call, or of a NameCache's calls: code object -> slot, slot -> (name,
+ * string table index). The codes are held (a record naming one may be overwritten while
+ * name_of runs; a NameCache's, so that no other code gets the address of one it names), the
+ * names too. Slot 0 is "" (no parent, no args, no retval); a NULL code (never written by the
+ * native users) is named "?" as _cring does. */
 typedef struct {
     PyObject *name;
-    uint64_t index; /* in the writer's string table, or NO_INDEX */
+    uint64_t index; /* in the writer's string table, or NO_INDEX, or UNCHECKED */
 } Slot;
 
 typedef struct {
@@ -943,13 +1039,20 @@ names_add(Names *nm, PyObject *name_of, PyObject *strings, PyObject *code)
         Py_DECREF(code);
         return r;
     }
+    /* the table is ours (name_of cannot have changed it: a NameCache in use is left alone
+     * by other calls). Room first: it stays at most half full even when growing fails (a
+     * NameCache's table outlives the failed call, and a full one would never end a probe) */
+    if ((nm->used + 1) * 2 > nm->mask && names_grow(nm) < 0) {
+        Py_DECREF(name);
+        Py_DECREF(code);
+        return -1;
+    }
     int32_t s = names_add_slot(nm, strings, name);
     if (s < 0) {
         Py_DECREF(code);
         return s;
     }
-    /* the table is ours (name_of cannot have changed it): a free place for code */
-    size_t j = ptr_hash(code) & nm->mask;
+    size_t j = ptr_hash(code) & nm->mask; /* a free place for code */
     while (nm->keys[j] != NULL)
         j = (j + 1) & nm->mask;
     nm->keys[j] = code; /* the reference taken above */
@@ -957,10 +1060,270 @@ names_add(Names *nm, PyObject *name_of, PyObject *strings, PyObject *code)
     nm->used++;
     nm->last_code = code;
     nm->last_slot = s;
-    if (nm->used * 2 > nm->mask && names_grow(nm) < 0)
-        return -1;
     return s;
 }
+
+/* Forget the string indices from `first` on (from 0: every one, NO_INDEX too): UNCHECKED,
+ * looked up again by the next call that meets their slots. Runs no Python code. */
+static void
+names_forget(Names *nm, uint64_t first)
+{
+    for (int32_t s = 0; s < nm->nslots; s++) {
+        uint64_t x = nm->slots[s].index;
+        if (first == 0 || (x >= first && x != NO_INDEX))
+            nm->slots[s].index = UNCHECKED;
+    }
+}
+
+/* Look the string of slot s up if its index is UNCHECKED, as names_add_slot() does: 0, -1
+ * with an error, -2 decline (the table holds something odd). Runs no Python code. */
+static int
+names_check(Names *nm, PyObject *strings, int32_t s)
+{
+    Slot *slot = &nm->slots[s];
+    if (slot->index != UNCHECKED)
+        return 0;
+    uint64_t index;
+    int r = table_index(strings, slot->name, &index);
+    if (r < 0 || r == 2)
+        return r < 0 ? -1 : -2;
+    slot->index = r == 0 ? index : NO_INDEX;
+    return 0;
+}
+
+/* names_find(), the slot's index checked (names_check()): the slot; -1 not named yet; -2
+ * decline; -3 error. Runs no Python code. */
+static inline int32_t
+names_lookup(Names *nm, PyObject *strings, PyObject *code)
+{
+    int32_t s = names_find(nm, code);
+    if (s >= 0 && nm->slots[s].index == UNCHECKED) {
+        int r = names_check(nm, strings, s);
+        if (r < 0)
+            return r == -1 ? -3 : -2;
+    }
+    return s;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* NameCache: a names table kept between encode_ring() calls                                  */
+
+/* Within a recording a code's name never changes (name_of is the registry's name(), the
+ * name fixed when the code was registered), so the names of one drain round are the next
+ * round's: a table built afresh each call called name_of (a Python call) for every distinct
+ * code of every round -- 70 k to 100 k calls for ~1000 codes in a recording of sqlglot
+ * (350 to 550 rounds) -- and looked each name up in the string table again, about a fifth
+ * of a call's time (a round of 7900 records over 190 codes: 205 us, 160 us with the cache).
+ * A NameCache keeps the table: name_of is called once per distinct code per writer, and
+ * each name's index looked up (or added) once per string table.
+ *
+ * What it holds stays valid:
+ *   - the codes are held (strong references), so the address of a code it names is never
+ *     another code's; the names too;
+ *   - the names are name_of's: called with another name_of (not the same object, nor a
+ *     bound method of the same function and object) it drops them;
+ *   - the indices are those of one string table, the dict it holds: with another dict they
+ *     are forgotten (UNCHECKED), and looked up again as each name is met. The table may grow
+ *     (strings are added at len(strings)) but not lose strings unnoticed: whoever deletes the
+ *     newest ones (the writer's error paths, encode_ring's own) calls forget_strings(first);
+ *   - it is used by one call at a time: a call made while it is in use (name_of drains
+ *     another ring with it) has a table of its own.
+ * Its size: per code a slot (16 bytes) and two to four hash entries (12 bytes each: the
+ * table is kept at most half full), the codes being ones the registry holds too; past
+ * NAMES_KEEP_MAX codes (10 to 20 MB) it starts again. */
+#define NAMES_KEEP_MAX (1 << 18)
+
+typedef struct {
+    PyObject_HEAD
+    Names names;       /* nslots 0: empty (names_init() not run) */
+    PyObject *strings; /* the dict the indices are of, or NULL */
+    PyObject *name_of; /* what named the codes, or NULL */
+    int busy;          /* an encode_ring() call uses it */
+    int clear_pending; /* clear() was called meanwhile: done when that call ends */
+} NameCache;
+
+/* Drop the names (may run Python code: codes freed). The table is detached first: Python
+ * code run meanwhile finds the cache empty. */
+static void
+cache_clear_names(NameCache *c)
+{
+    Names nm = c->names;
+    memset(&c->names, 0, sizeof(c->names));
+    names_free(&nm);
+}
+
+/* Drop everything (may run Python code). */
+static void
+cache_clear(NameCache *c)
+{
+    PyObject *strings = c->strings, *name_of = c->name_of;
+    c->strings = c->name_of = NULL;
+    c->clear_pending = 0;
+    cache_clear_names(c);
+    Py_XDECREF(strings);
+    Py_XDECREF(name_of);
+}
+
+/* Whether names made by name_of a are those of b: the same object, or bound methods of the
+ * same function and object (an attribute lookup such as registry.name makes a new one each
+ * time). Runs no Python code. */
+static int
+same_name_of(PyObject *a, PyObject *b)
+{
+    if (a == b)
+        return 1;
+    return a != NULL && b != NULL && PyMethod_Check(a) && PyMethod_Check(b) &&
+           PyMethod_GET_FUNCTION(a) == PyMethod_GET_FUNCTION(b) &&
+           PyMethod_GET_SELF(a) == PyMethod_GET_SELF(b);
+}
+
+/* Make c's table ready for a call naming with name_of into strings (c->busy set): 0, -1
+ * with an error, -2 decline (an odd string table), as names_init(). May run Python code
+ * (names dropped). */
+static int
+cache_ready(NameCache *c, PyObject *strings, PyObject *name_of)
+{
+    Names *nm = &c->names;
+    if (nm->nslots > 0 && (nm->nslots >= NAMES_KEEP_MAX || !same_name_of(c->name_of, name_of)))
+        cache_clear_names(c);
+    if (c->name_of != name_of)
+        Py_XSETREF(c->name_of, Py_NewRef(name_of));
+    if (c->strings != strings) {
+        names_forget(nm, 0);
+        Py_XSETREF(c->strings, Py_NewRef(strings));
+    }
+    if (nm->nslots == 0) {
+        int r = names_init(nm, strings);
+        if (r != 0)
+            cache_clear_names(c); /* what it made of the table: holds no code */
+        return r;
+    }
+    return names_check(nm, strings, 0); /* "", which no record's code names */
+}
+
+PyDoc_STRVAR(cache_doc,
+"NameCache()\n\
+\n\
+encode_ring()'s table of names, kept between its calls: its 7th argument\n\
+(TraceWriter.write_native keeps one per writer). A code's name is fixed for a\n\
+recording (the registry's, given at registration), so with it name_of is called once\n\
+per distinct code rather than once per distinct code per call (a drain round), and\n\
+each name's string table index is looked up once.\n\
+\n\
+It holds the codes it names (strong references: a freed code's address never gets\n\
+another code's name), the names, the string table dict its indices are of and\n\
+name_of. Called with another name_of it drops the names; with another dict, the\n\
+indices. The dict may gain strings (at len(strings)); whoever deletes its newest\n\
+ones calls forget_strings(first). len(): how many codes it holds.");
+
+static PyObject *
+cache_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    if (PyTuple_GET_SIZE(args) != 0 || (kwds != NULL && PyDict_GET_SIZE(kwds) != 0)) {
+        PyErr_SetString(PyExc_TypeError, "NameCache() takes no arguments");
+        return NULL;
+    }
+    return type->tp_alloc(type, 0); /* zeroed: empty */
+}
+
+static int
+cache_traverse(PyObject *self, visitproc visit, void *arg)
+{
+    /* the codes and names are not visited: neither kind is tracked by the GC (no cycle
+     * goes through them) */
+    NameCache *c = (NameCache *)self;
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(c->strings);
+    Py_VISIT(c->name_of);
+    return 0;
+}
+
+static int
+cache_tp_clear(PyObject *self)
+{
+    NameCache *c = (NameCache *)self;
+    if (!c->busy) /* always: a cache in use is reachable from the call's arguments */
+        cache_clear(c);
+    return 0;
+}
+
+static void
+cache_dealloc(PyObject *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    cache_clear((NameCache *)self);
+    tp->tp_free(self);
+    Py_DECREF(tp);
+}
+
+static Py_ssize_t
+cache_len(PyObject *self)
+{
+    return (Py_ssize_t)((NameCache *)self)->names.used;
+}
+
+PyDoc_STRVAR(cache_clear_doc,
+"clear() -> None\n\
+\n\
+Drop everything: the codes, names, string table and name_of it holds (called while\n\
+encode_ring() uses it: when that call ends). TraceWriter.close() does.");
+
+static PyObject *
+cache_clear_meth(PyObject *self, PyObject *Py_UNUSED(ignored))
+{
+    NameCache *c = (NameCache *)self;
+    if (c->busy)
+        c->clear_pending = 1;
+    else
+        cache_clear(c);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(cache_forget_doc,
+"forget_strings(first) -> None\n\
+\n\
+The string table lost its strings from index first on (deleted: no chunk defines\n\
+them): forget the indices held for them. Names keep their codes; their indices are\n\
+looked up again when next met.");
+
+static PyObject *
+cache_forget_meth(PyObject *self, PyObject *arg)
+{
+    Py_ssize_t first = PyNumber_AsSsize_t(arg, PyExc_OverflowError);
+    if (first == -1 && PyErr_Occurred())
+        return NULL;
+    if (first < 0) {
+        PyErr_SetString(PyExc_ValueError, "forget_strings(): first must be >= 0");
+        return NULL;
+    }
+    names_forget(&((NameCache *)self)->names, (uint64_t)first);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef cache_methods[] = {
+    {"clear", cache_clear_meth, METH_NOARGS, cache_clear_doc},
+    {"forget_strings", cache_forget_meth, METH_O, cache_forget_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyType_Slot cache_slots[] = {
+    {Py_tp_doc, (void *)cache_doc},
+    {Py_tp_new, cache_new},
+    {Py_tp_dealloc, cache_dealloc},
+    {Py_tp_traverse, cache_traverse},
+    {Py_tp_clear, cache_tp_clear},
+    {Py_tp_methods, cache_methods},
+    {Py_sq_length, cache_len},
+    {0, NULL},
+};
+
+static PyType_Spec cache_spec = {
+    .name = "rethook.buffer._tfenc.NameCache",
+    .basicsize = sizeof(NameCache),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_IMMUTABLETYPE,
+    .slots = cache_slots,
+};
 
 /* Scratch memory kept between calls (the module's state): the column values, the payload
  * being written and the references being dropped, sized for the largest call so far. Fresh
@@ -975,6 +1338,12 @@ typedef struct {
     Area types, vals, out, drop;
     int busy; /* a call is using it (name_of, Python code, could make another) */
 } Scratch;
+
+/* The module's state */
+typedef struct {
+    Scratch scratch;
+    PyTypeObject *cache_type; /* NameCache */
+} State;
 
 static void
 area_free(Area *a)
@@ -1032,7 +1401,8 @@ typedef struct {
     rh_ring *ring;
     Area *types;           /* a record's type by its slot (name_records() notes them) */
     uint64_t first, pos0;  /* the first record taken: its sequence number, its slot */
-    Names names;
+    Names *names;          /* the call's own, or its NameCache's */
+    NameCache *cache;      /* or NULL */
     PyObject *name_of;
     uint64_t tid;          /* the tid column's value, and what read_int() saw in it */
     int tid_seen;
@@ -1053,7 +1423,7 @@ typedef struct {
 static int
 name_records(Fused *f, rh_ring *r)
 {
-    Names *nm = &f->names;
+    Names *nm = f->names;
 again:
     if (area_room(f->types, (size_t)r->capacity) < 0) /* runs no Python code */
         return -1;
@@ -1067,9 +1437,14 @@ again:
         if (t < RH_FUNCTION || t > RH_FUNCGRAPH_RESUME)
             return 1;
         PyObject *unnamed;
-        if (names_find(nm, rec->code) < 0)
+        int32_t cs = names_lookup(nm, f->strings, rec->code), ps = 0;
+        if (cs >= 0 && t == RH_FUNCTION && rec->parent != NULL)
+            ps = names_lookup(nm, f->strings, rec->parent);
+        if (cs < -1 || ps < -1) /* an odd string table, or an error */
+            return (cs < -1 ? cs : ps) == -3 ? -1 : 1;
+        if (cs < 0)
             unnamed = rec->code;
-        else if (t == RH_FUNCTION && rec->parent != NULL && names_find(nm, rec->parent) < 0)
+        else if (ps < 0)
             unnamed = rec->parent;
         else {
             types[pos] = (uint8_t)t;
@@ -1127,8 +1502,8 @@ move_refs(Fused *f, Py_ssize_t upto)
 static int
 slot_index(Fused *f, int32_t s, uint64_t *out)
 {
-    Slot *slot = &f->names.slots[s];
-    if (slot->index == NO_INDEX) {
+    Slot *slot = &f->names->slots[s];
+    if (slot->index >> 63) { /* NO_INDEX, or UNCHECKED (forgotten since name_records()) */
         uint64_t index;
         int r = table_index(f->strings, slot->name, &index);
         if (r == 1)
@@ -1152,7 +1527,7 @@ encode_batch(Fused *f, Encoded *e)
     const Py_ssize_t lo = e->lo, hi = e->hi, n = hi - lo;
     Py_ssize_t i, *count = e->count;
     int *order = e->order, k = 0, width[RING_TYPES] = {0};
-    Names *nm = &f->names;
+    Names *nm = f->names;
     rh_rec *recs = f->ring->recs;
     const uint64_t cap = f->ring->capacity;
 
@@ -1406,7 +1781,7 @@ consume_lost(const rh_cring_api *api, rh_ring *r)
 }
 
 PyDoc_STRVAR(encode_ring_doc,
-"encode_ring(ring, tid, name_of, strings, new_strings, batch)\n\
+"encode_ring(ring, tid, name_of, strings, new_strings, batch[, names])\n\
     -> (lost_before, lost_after, batches, events)\n\
 \n\
 Consume every record of the native ring (a rethook.buffer._cring.Ring) as\n\
@@ -1420,17 +1795,46 @@ new_strings, as _encode_strings adds them, for this batch after the ones before)
 events is None then. When the records need the tuple path (a record of an unknown\n\
 type, a name that is not a str...) batches is None, events the event tuples\n\
 ring.consume(tid, name_of) gives, and the string table is unchanged.\n\
-On an error the records are counted lost as ring.consume() counts them.");
+On an error the records are counted lost as ring.consume() counts them.\n\
+names: a NameCache, whose names and indices this call uses and adds to (name_of\n\
+is then called only for the codes it lacks); None: a table for this call alone.");
+
+/* After a call: its own names table freed, or its NameCache left for the next call (a
+ * clear() asked for meanwhile done now). May run Python code (codes freed). */
+static void
+names_release(Fused *f)
+{
+    NameCache *c = f->cache;
+    if (c == NULL) {
+        names_free(f->names);
+        return;
+    }
+    f->cache = NULL;
+    c->busy = 0;
+    if (c->clear_pending)
+        cache_clear(c);
+}
 
 static PyObject *
 encode_ring(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 6) {
-        PyErr_Format(PyExc_TypeError, "encode_ring() takes 6 arguments (%zd given)", nargs);
+    if (nargs != 6 && nargs != 7) {
+        PyErr_Format(PyExc_TypeError, "encode_ring() takes 6 or 7 arguments (%zd given)",
+                     nargs);
         return NULL;
     }
+    State *st = PyModule_GetState(module);
     PyObject *ring = args[0], *tid = args[1], *name_of = args[2], *strings = args[3];
     PyObject *new_strings = args[4];
+    NameCache *cache = NULL;
+    if (nargs == 7 && args[6] != Py_None) {
+        if (!PyObject_TypeCheck(args[6], st->cache_type)) {
+            PyErr_Format(PyExc_TypeError, "encode_ring(): names must be a NameCache or None, "
+                                          "not %.100s", Py_TYPE(args[6])->tp_name);
+            return NULL;
+        }
+        cache = (NameCache *)args[6];
+    }
     if (!PyDict_CheckExact(strings) || !PyList_CheckExact(new_strings)) {
         PyErr_SetString(PyExc_TypeError, "encode_ring(): strings must be a dict and "
                                          "new_strings a list");
@@ -1469,23 +1873,36 @@ encode_ring(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     /* the scratch memory: the module's, unless a call in progress uses it (name_of runs
      * Python code, which could make another call) */
-    Scratch *kept = PyModule_GetState(module), local = {0};
+    Scratch *kept = &st->scratch, local = {0};
     Scratch *sc = kept->busy ? &local : kept;
     sc->busy = 1;
     f.types = &sc->types;
-    int r = names_init(&f.names, strings);
+    /* the names: the cache's (when a call in progress does not use it: name_of may make
+     * this call), or a table of the call's own */
+    Names own;
+    int r;
+    if (cache != NULL && !cache->busy) {
+        cache->busy = 1;
+        f.cache = cache;
+        f.names = &cache->names;
+        r = cache_ready(cache, strings, name_of); /* may run Python code */
+    }
+    else {
+        f.names = &own;
+        r = names_init(&own, strings);
+    }
     if (r == 0)
         r = name_records(&f, rg);
     if (r != 0) { /* the records need the tuple path, or an error */
         PyObject *result = NULL;
         if (r > 0 || r == -2) {
             result = consume_events(api, rg, tid, name_of);
-            names_free(&f.names);
+            names_release(&f);
         }
         else {
             PyObject *exc = PyErr_GetRaisedException();
             consume_lost(api, rg);
-            names_free(&f.names); /* may run Python code */
+            names_release(&f); /* may run Python code */
             PyErr_SetRaisedException(exc);
         }
         sc->busy = 0;
@@ -1505,7 +1922,7 @@ encode_ring(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         if (enc == NULL)
             PyErr_NoMemory();
         PyMem_Free(enc);
-        names_free(&f.names);
+        names_release(&f);
         sc->busy = 0;
         scratch_free(&local);
         return NULL;
@@ -1520,6 +1937,7 @@ encode_ring(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     f.first = t.first;
     f.pos0 = count ? t.first % rg->capacity : 0;
     Py_ssize_t strings_start = PyList_GET_SIZE(new_strings), nenc = 0;
+    const uint64_t table_start = (uint64_t)PyDict_GET_SIZE(strings); /* this call's first */
     PyObject *batches = NULL, *result = NULL;
 
     /* the batches: write_events() slices its items, and a Lost before the records takes
@@ -1541,6 +1959,7 @@ encode_ring(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             PyObject *exc = PyErr_GetRaisedException();
             if (forget_strings(strings, new_strings, strings_start) < 0)
                 PyErr_Clear();
+            names_forget(f.names, table_start); /* a NameCache's indices of them too */
             PyErr_SetRaisedException(exc);
             goto done;
         }
@@ -1554,6 +1973,7 @@ encode_ring(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyObject *exc = PyErr_GetRaisedException();
         if (forget_strings(strings, new_strings, strings_start) < 0)
             PyErr_Clear();
+        names_forget(f.names, table_start);
         PyErr_SetRaisedException(exc);
     }
 
@@ -1564,11 +1984,11 @@ done:
     PyMem_Free(enc);
     {
         /* the references that could not be dropped in the ring (their objects' last ones),
-         * and the names' */
+         * and the names' (unless a NameCache keeps them) */
         PyObject *exc = PyErr_GetRaisedException();
         for (Py_ssize_t i = 0; i < f.ndrop; i++)
             Py_DECREF(f.drop[i]); /* may run Python code (weakref callbacks) */
-        names_free(&f.names);
+        names_release(&f);
         sc->busy = 0;
         scratch_free(&local);
         PyErr_SetRaisedException(exc);
@@ -1601,7 +2021,7 @@ reserve(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_ValueError, "reserve(): records >= 0, batch in [1, 2**24]");
         return NULL;
     }
-    Scratch *sc = PyModule_GetState(module);
+    Scratch *sc = &((State *)PyModule_GetState(module))->scratch;
     if (sc->busy)
         Py_RETURN_NONE;
     Py_ssize_t most = records < batch ? records : batch;
@@ -1626,7 +2046,7 @@ Free the memory encode_ring() keeps between calls (TraceWriter.close() does).");
 static PyObject *
 free_scratch(PyObject *module, PyObject *Py_UNUSED(ignored))
 {
-    Scratch *sc = PyModule_GetState(module);
+    Scratch *sc = &((State *)PyModule_GetState(module))->scratch;
     if (!sc->busy)
         scratch_free(sc);
     Py_RETURN_NONE;
@@ -1637,6 +2057,7 @@ static PyMethodDef methods[] = {
     {"encode_ints", (PyCFunction)(void (*)(void))encode_ints, METH_FASTCALL, encode_ints_doc},
     {"encode_ring", (PyCFunction)(void (*)(void))encode_ring, METH_FASTCALL, encode_ring_doc},
     {"crc32", (PyCFunction)(void (*)(void))tfenc_crc32, METH_FASTCALL, crc32_doc},
+    {"write_held", (PyCFunction)(void (*)(void))write_held, METH_FASTCALL, write_held_doc},
     {"reserve", (PyCFunction)(void (*)(void))reserve, METH_FASTCALL, reserve_doc},
     {"free_scratch", free_scratch, METH_NOARGS, free_scratch_doc},
     {NULL, NULL, 0, NULL},
@@ -1769,6 +2190,10 @@ tfenc_exec(PyObject *module)
     if (bad)
         return -1;
     crc_init();
+    State *st = PyModule_GetState(module);
+    st->cache_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &cache_spec, NULL);
+    if (st->cache_type == NULL || PyModule_AddType(module, st->cache_type) < 0)
+        return -1;
     return add_layouts(module);
 }
 
@@ -1778,21 +2203,43 @@ static PyModuleDef_Slot slots[] = {
     {0, NULL},
 };
 
+static int
+tfenc_traverse(PyObject *module, visitproc visit, void *arg)
+{
+    State *st = PyModule_GetState(module);
+    if (st != NULL)
+        Py_VISIT(st->cache_type);
+    return 0;
+}
+
+static int
+tfenc_clear(PyObject *module)
+{
+    State *st = PyModule_GetState(module);
+    if (st != NULL)
+        Py_CLEAR(st->cache_type);
+    return 0;
+}
+
 static void
 tfenc_free(void *module)
 {
-    Scratch *sc = PyModule_GetState((PyObject *)module);
-    if (sc != NULL)
-        scratch_free(sc);
+    State *st = PyModule_GetState((PyObject *)module);
+    if (st != NULL) {
+        scratch_free(&st->scratch);
+        Py_CLEAR(st->cache_type);
+    }
 }
 
 static struct PyModuleDef moduledef = {
     PyModuleDef_HEAD_INIT,
     .m_name = "rethook.buffer._tfenc",
     .m_doc = "The C twin of the trace file writer's column encoder (rethook.buffer.tracefile).",
-    .m_size = sizeof(Scratch),
+    .m_size = sizeof(State),
     .m_methods = methods,
     .m_slots = slots,
+    .m_traverse = tfenc_traverse,
+    .m_clear = tfenc_clear,
     .m_free = tfenc_free,
 };
 

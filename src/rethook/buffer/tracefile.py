@@ -20,6 +20,7 @@ import heapq
 import io
 import json
 import os
+import stat
 import struct
 import sys
 import warnings
@@ -302,9 +303,15 @@ class TraceWriter:
         self._sections_lost = 0  # events the appended sections' LOST chunks count
         self._gathered: list[bytes] | None = None  # chunks held for one write (write_native)
         self._scratch_used = False  # the C encoder keeps memory for write_native
+        # write_native's names table, kept between its calls (_tfenc.NameCache): a code's name
+        # is fixed for a recording, so name_of runs once per code, not once per code per round
+        self._names: Any = None
         self._out = bytearray()  # write_native's output buffer, kept between calls
-        # an unbuffered file: write_native writes its chunks with one os.writev, uncopied
+        # an unbuffered file: write_native writes its chunks with one os.writev, uncopied;
+        # to a regular file, with the GIL held (_tfenc.write_held says why)
         self._writev = type(self._file) is io.FileIO and hasattr(os, "writev")
+        self._held = (self._writev and _tfenc is not None and hasattr(_tfenc, "write_held")
+                      and stat.S_ISREG(os.fstat(self._file.fileno()).st_mode))
         try:
             head = _HEADER.pack(MAGIC, VERSION_MAJOR, VERSION_MINOR, 0)[:16]
             self._write(head + _CRC.pack(zlib.crc32(head)))
@@ -415,6 +422,12 @@ class TraceWriter:
         each time it lets the GIL go, a CPU-bound program keeps it a switch interval once
         the drain wants it back, filling the ring meanwhile). Otherwise it is that very
         call.
+
+        The C encoder keeps the names between calls (a ``_tfenc.NameCache``, released by
+        :meth:`close`, holding the codes it names): a code's name is fixed for a recording
+        (the registry's ``name``), so ``name_of`` is called once per code this writer meets,
+        not once per code per call. It must name a code the same way every time; another
+        ``name_of`` (not the same function, or method of the same object) starts afresh.
         """
         self._check_open()
         self._check_own_section()
@@ -422,8 +435,11 @@ class TraceWriter:
             return self.write_events(consumed_items(ring.consume(tid, name_of), tid))
         new_strings: list[str] = []
         self._scratch_used = True
+        names = self._names
+        if names is None:
+            names = self._names = _tfenc.NameCache()
         lost_before, lost_after, batches, events = _tfenc.encode_ring(
-            ring, tid, name_of, self._strings, new_strings, self._batch)
+            ring, tid, name_of, self._strings, new_strings, self._batch, names)
         if batches is None:  # records only the tuple path writes (a PRINT event...)
             return self.write_events(consumed_items((lost_before, events, lost_after), tid))
         written = 0
@@ -446,6 +462,7 @@ class TraceWriter:
                     self._events += count
                     written += count
             except BaseException:
+                names.forget_strings(first + done)  # the indices it holds for them
                 for value in new_strings[done:]:  # never written: forget them, as
                     del self._strings[value]  # _write_batch does
                 raise
@@ -461,6 +478,9 @@ class TraceWriter:
         """Write chunks in one call: to an unbuffered file with one writev, else through a
         buffer kept for the next time (a new one of a round's size, a megabyte or so, would
         be paged in at every round)."""
+        if self._held:
+            _tfenc.write_held(self._file.fileno(), parts)
+            return
         if self._writev:
             fd = self._file.fileno()
             while parts:  # the whole of parts, in at most IOV_MAX pieces a call
@@ -533,6 +553,8 @@ class TraceWriter:
             for fmt in formats:
                 self._encode_group(fmt, groups[fmt.id], payload, new_strings)
         except BaseException:
+            if self._names is not None and new_strings:  # write_native's indices of them
+                self._names.forget_strings(len(self._strings) - len(new_strings))
             for value in new_strings:  # never written: forget them, or later batches would
                 del self._strings[value]  # point at strings the file does not have
             raise
@@ -747,6 +769,9 @@ class TraceWriter:
                 self._file.close()
             if self._scratch_used:
                 _tfenc.free_scratch()  # what encode_ring keeps between calls
+            names, self._names = self._names, None
+            if names is not None:
+                names.clear()  # the codes it holds
 
     def __enter__(self) -> TraceWriter:
         return self
