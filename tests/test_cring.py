@@ -659,14 +659,14 @@ def test_tracefs_views_and_recorder_include_native_events(engine, tmp_path, crin
         fs.write("current_tracer", "function_graph")
         rec_path = tmp_path / "trace.dat"
         recorder = Recorder(str(rec_path), {"tracer": "function_graph"})
-        recorder.start(fs)
         ring = fs.ctx.buffer.native_local(fs.ctx.registry.name)
         mid, leaf = shapes.middle.__code__, shapes.leaf.__code__
         ring.write(2, 1000, mid, None, 0, 0, 0, 0, 0)
         ring.write(2, 2000, leaf, None, 1, 0, 0, 0, 0)
         ring.write(3, 3000, leaf, None, 1, 2000, 0, 0, 0)
         ring.write(3, 9000, mid, None, 0, 1000, 0, 0, 0)
-        text = fs.read("trace")
+        text = fs.read("trace")  # (before the recorder's drain takes them out of the ring)
+        recorder.start(fs)
         recorder.stop(fs)
         fs.write("tracing_on", "0")
         recorder.finish(fs)
