@@ -124,6 +124,48 @@ def test_scan_finds_already_loaded_module() -> None:
     assert reg.name(mod.picked.__code__) == "rh_kinds.picked"
 
 
+def test_a_scoped_listing_registers_only_the_modules_it_needs() -> None:
+    """A listing that needs some modules complete (a ``*:mod:M`` filter) registers their
+    functions, not every loaded module's: the scan's other finds wait, and are registered a
+    module at a time, with the names a full listing gives, when one of their functions first
+    runs (discover) or a listing needs them."""
+    import json
+
+    mod = importlib.import_module("rh_kinds")
+    everything = Registry()
+    full = names_of(everything, "rh_kinds")
+    reg = Registry()
+    listed = reg.functions(lambda m: m == "json" or m.startswith("json."))
+    assert reg.lookup(json.dumps.__code__) is not None
+    assert not any(i.module == "rh_kinds" for i in listed)
+    assert reg.lookup(mod.plain.__code__) is None
+    assert "rh_kinds" in reg.modules()  # found, not registered yet
+    # the property's setter runs first: its module is registered as one batch, so the getter
+    # and setter (one co_qualname) get the suffixes a full listing gives them
+    setter = mod.Shape.size.fset.__code__
+    assert reg.discover(setter, None)
+    assert reg.lookup(mod.plain.__code__) is not None
+    assert names_of(reg, "rh_kinds").keys() == full.keys()
+    assert reg.name(setter) == everything.name(setter) == "rh_kinds.Shape.size@34"
+
+
+def test_code_nested_in_a_found_function_registers_its_module() -> None:
+    """Code nested in a function the scan found (not itself a function yet) is found by
+    the running frame's module when it first runs."""
+    mod = importlib.import_module("rh_kinds")
+    full = names_of(Registry(), "rh_kinds")
+    reg = Registry()
+    reg.functions(lambda m: False)  # scanned, nothing registered
+    inner = next(c for c in mod.outer.__code__.co_consts if isinstance(c, CodeType))
+
+    class Frame:  # what discover reads of the running frame here
+        f_globals = {"__name__": "rh_kinds"}
+
+    assert reg.lookup(inner) is None
+    assert reg.discover(inner, Frame())  # type: ignore[arg-type]
+    assert names_of(reg, "rh_kinds").keys() == full.keys()
+
+
 def test_stdlib_names() -> None:
     import json
     import json.decoder

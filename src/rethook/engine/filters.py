@@ -37,7 +37,13 @@ from dataclasses import dataclass, field
 from types import CodeType
 
 from rethook import limits
-from rethook.engine.registry import FunctionInfo, Registry, default_registry
+from rethook.engine.registry import (
+    FunctionInfo,
+    Registry,
+    Scope,
+    default_registry,
+    no_modules,
+)
 
 __all__ = [
     "COMMANDS",
@@ -414,7 +420,7 @@ class FunctionFilter:
         self._lock = threading.Lock()
         self._state = _State()
         self._generation = 0
-        self._select_cache: tuple[tuple[int, int], dict[int, CodeType]] | None = None
+        self._select_cache: tuple[tuple[int, int, bool], dict[int, CodeType]] | None = None
         if isinstance(filter, str):
             filter = (filter,)
         if isinstance(notrace, str):
@@ -502,11 +508,16 @@ class FunctionFilter:
         """
         return set(self.select_by_id().values())
 
-    def select_by_id(self) -> dict[int, CodeType]:
-        """Every matching registry function's code object, keyed by ``id(code)``."""
+    def select_by_id(self, complete: bool = True) -> dict[int, CodeType]:
+        """Every matching registry function's code object, keyed by ``id(code)``.
+
+        ``complete``: the registry first registers every function the filter can match.
+        False: only the functions registered so far (a hook's user, told of the others by
+        the registry's subscription as their modules are registered: see
+        :meth:`Registry.functions`)."""
         # Key first: functions registered meanwhile make the next call recompute, never miss.
-        key = (self.registry.generation, self._generation)
-        functions = self.registry.functions()
+        key = (self.registry.generation, self._generation, complete)
+        functions = self._functions(complete)
         cached = self._select_cache
         if cached is not None and cached[0] == key:
             return dict(cached[1])
@@ -514,16 +525,38 @@ class FunctionFilter:
         self._select_cache = (key, chosen)
         return dict(chosen)
 
-    def select_infos(self) -> list[FunctionInfo]:
-        """Every matching registry function, sorted by name."""
-        return [info for info in self.registry.functions() if self.matches(info)]
+    def select_infos(self, complete: bool = True) -> list[FunctionInfo]:
+        """Every matching registry function, sorted by name (``complete``: as in
+        :meth:`select_by_id`)."""
+        return [info for info in self._functions(complete) if self.matches(info)]
+
+    def _functions(self, complete: bool) -> list[FunctionInfo]:
+        return self.registry.functions(self.scope() if complete else no_modules)
+
+    def scope(self) -> Scope | None:
+        """Which modules can hold a function the filter hash selects (the registry completes
+        just those before a selection); None: any module (an empty hash, a pattern without
+        ``:mod:``, or with a glob in it). The notrace hash only takes functions away."""
+        if any(e.include and e.pattern.glob == "*" and e.pattern.module is None
+               for e in self._state.notrace):
+            return no_modules  # nothing is selected
+        modules = []
+        for e in self._state.filter:
+            if e.include:
+                module = _pattern_module(e.pattern)
+                if module is None:
+                    return None
+                modules.append(module)
+        return _within(modules) if modules else None
 
     def pending(self) -> list[str]:
         """Patterns and commands that select nothing yet (their module is not imported)."""
         st = self._state
-        index = _index_for(self.registry)
-        out = [e.text for e in (*st.filter, *st.notrace) if e.include and not index.any(e.pattern)]
-        out += [c.text for c in st.commands if not index.any(c.pattern)]
+        registry = self.registry
+        out = [e.text for e in (*st.filter, *st.notrace)
+               if e.include and not _index_for(registry, e.pattern).any(e.pattern)]
+        out += [c.text for c in st.commands
+                if not _index_for(registry, c.pattern).any(c.pattern)]
         return out
 
     # --- writing --------------------------------------------------------------------------------
@@ -616,9 +649,26 @@ _indexes: weakref.WeakKeyDictionary[Registry, tuple[int, _Index]] = weakref.Weak
 _indexes_lock = threading.Lock()
 
 
-def _index_for(registry: Registry) -> _Index:
+def _pattern_module(p: Pattern) -> str | None:
+    """The module whose functions (its own and its submodules') are all a pattern can match,
+    or None: any module's."""
+    return None if p.module is None or _has_glob(p.module) else p.module
+
+
+def _within(modules: Iterable[str]) -> Scope:
+    """The scope of these modules and their submodules."""
+    exact = frozenset(modules)
+    prefixes = tuple(m + "." for m in exact)
+    return lambda m: m in exact or m.startswith(prefixes)
+
+
+def _index_for(registry: Registry, pattern: Pattern | None = None) -> _Index:
+    """The index of the registry's functions, complete for what ``pattern`` can match
+    (None: everything)."""
+    module = None if pattern is None else _pattern_module(pattern)
+    registry.functions(None if module is None else _within((module,)))
     generation = registry.generation
-    functions = registry.functions()  # may scan (and bump the generation) the first time
+    functions = registry.functions(no_modules)  # what the call above completed
     with _indexes_lock:
         cached = _indexes.get(registry)
         if cached is not None and cached[0] == generation == registry.generation:
@@ -630,26 +680,22 @@ def _index_for(registry: Registry) -> _Index:
 
 
 class _Resolver:
-    """Answers "does this pattern select anything (now or once its module loads)?" for a write,
-    fetching the registry's function list once."""
+    """Answers "does this pattern select anything (now or once its module loads)?" for a
+    write."""
 
     def __init__(self, registry: Registry, text: str) -> None:
         self.registry = registry
         self.text = text
-        self._index: _Index | None = None
-
-    @property
-    def index(self) -> _Index:
-        if self._index is None:
-            self._index = _index_for(self.registry)
-        return self._index
 
     def hits(self, pattern: Pattern) -> list[FunctionInfo]:
-        return self.index.hits(pattern)
+        return _index_for(self.registry, pattern).hits(pattern)
 
     def check(self, pattern: Pattern) -> None:
         """Raise unless the pattern selects something or may once a module is imported."""
-        if not self.index.any(pattern) and not self.may_load_later(pattern):
+        if pattern.glob == "*" and pattern.module is None and self.registry.modules():
+            return  # it selects every function, and some exist: no need to list them
+        if not _index_for(self.registry, pattern).any(pattern) and \
+                not self.may_load_later(pattern):
             raise FilterError(f"no function matches '{pattern.text}'", self.text,
                               pattern.position + (1 if pattern.remove else 0))
 

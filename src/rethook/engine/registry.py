@@ -10,7 +10,15 @@ Discovery
 ---------
 * Already loaded code: ``gc.get_objects()`` filtered to functions (covers closures, decorated
   functions and methods), then every code object nested in theirs (``co_consts``), which finds
-  generator expressions, lambdas and inner functions that do not exist as functions yet.
+  generator expressions, lambdas and inner functions that do not exist as functions yet. What
+  the scan finds is grouped by module and a module's group is registered when someone needs
+  it, all at once (so its names are the same whatever asked first): a listing whose scope
+  takes the module in (:meth:`Registry.functions`; a filter of ``*:mod:__main__`` needs only
+  ``__main__``), or the first run of one of its functions (:meth:`Registry.discover`);
+  subscribers are told, as of an import. The engine hooks only registered functions and
+  leaves the rest to that: a start does not pay for naming and hooking the few thousand
+  functions of the standard library and rethook's CLI loaded by then, even under ``-l '*'``,
+  and those that never run never cost anything.
 * Modules imported later: a meta-path finder (first on ``sys.meta_path`` while someone
   subscribes) that finds nothing itself but asks the finders after it, and wraps the loader it
   gets: ``get_code`` (which every source and bytecode loader calls just before running the
@@ -74,7 +82,8 @@ from typing import Any
 from rethook.engine import forklocks
 from rethook.engine.core import notrace
 
-__all__ = ["FunctionInfo", "Registry", "default_registry", "code_kind", "is_own_module"]
+__all__ = ["FunctionInfo", "Registry", "Scope", "default_registry", "code_kind", "is_own_module",
+           "no_modules"]
 
 # co_flags bits (the inspect module has them too, but importing inspect is slow).
 _CO_NEWLOCALS = 0x0002
@@ -187,6 +196,28 @@ class _Entry:
 
 
 Subscriber = Callable[[list[FunctionInfo]], None]
+#: Which modules a listing needs complete: a test of module names (see Registry.functions).
+Scope = Callable[[str], bool]
+
+
+def no_modules(module: str) -> bool:
+    """The scope of a listing that needs no module complete."""
+    return False
+
+
+class _Found:
+    """What a scan found of one module and has not registered yet: the functions' code as
+    ``(code, module, qualname)``, and the code of live generators and coroutines."""
+
+    __slots__ = ("tops", "gens")
+
+    def __init__(self) -> None:
+        self.tops: list[tuple[CodeType, str, str]] = []
+        self.gens: list[CodeType] = []
+
+    def codes(self) -> Iterator[CodeType]:
+        yield from (t[0] for t in self.tops)
+        yield from self.gens
 
 
 class Registry:
@@ -206,6 +237,9 @@ class Registry:
         self._listed: list[FunctionInfo] | None = None  # sorted cache, rebuilt on demand
         self._subscribers: tuple[Subscriber, ...] = ()
         self._scanned = False
+        # module -> what a scan found of it and did not register yet (see _scan)
+        self._unregistered: dict[str, _Found] = {}
+        self._found_in: dict[int, str] = {}  # id(code) of a function found -> its group
         self._modules_at_scan: frozenset[tuple[str, int]] = frozenset()
         self._file_map: dict[str, str] = {}
         self._file_map_len = -1
@@ -253,6 +287,10 @@ class Registry:
         with self._lock:
             # Generated code of a recently imported module: name it after its function.
             found = self._scan_pending_namespaces(include_initializing=True)
+            if self._unregistered and id(code) not in self._by_id:
+                group = self._found_in.get(id(code), module)
+                found += _listable(self._register_found(
+                    None if group is None else (lambda m: m == group)))
             info = self._by_id.get(id(code))
             if info is None:
                 if module is None:
@@ -281,13 +319,27 @@ class Registry:
         if lock._is_owned():  # type: ignore[attr-defined]  # a finaliser inside our own work
             return False
         with lock:
-            new = self._discover(code, frame) if id(code) not in self._by_id else []
+            new = []
+            if self._unregistered:
+                # code of a module the scan found: its whole group, named as one batch
+                group = self._found_in.get(id(code))
+                if group is None and frame is not None:
+                    group = frame.f_globals.get("__name__")  # (code nested in a function)
+                if isinstance(group, str) and group in self._unregistered:
+                    new = _listable(self._register_found(lambda m: m == group))
+            if id(code) not in self._by_id:
+                new += self._discover(code, frame)
         self._notify(new)
         return True
 
-    def functions(self) -> list[FunctionInfo]:
-        """Every known function, sorted by name. The first call scans the loaded modules."""
-        self._maintain()
+    def functions(self, scope: Scope | None = None) -> list[FunctionInfo]:
+        """Every known function, sorted by name. The first call scans the loaded modules.
+
+        ``scope`` (a test of module names) limits what must be complete: the functions of the
+        modules it takes in are all registered first, those of other modules found by a scan
+        only once something needs them (they may be missing from the list). None: every one.
+        """
+        self._maintain(scope)
         listed = self._listed
         if listed is None:
             with self._lock:
@@ -301,9 +353,9 @@ class Registry:
         return list(listed)
 
     def modules(self) -> set[str]:
-        """Names of the modules that have known functions."""
-        self._maintain()
-        return set(self._modules)
+        """Names of the modules that have known functions (or found, not registered yet)."""
+        self._maintain(no_modules, scan=True)
+        return self._modules | self._unregistered.keys()
 
     def __len__(self) -> int:
         return len(self.functions())
@@ -368,7 +420,8 @@ class Registry:
         """Rescan the loaded modules; return (and report to subscribers) what was new."""
         with self._lock:
             first = not self._scanned
-            new = _listable(self._scan())
+            self._scan()
+            new = _listable(self._register_found(None))
             self._pending_namespaces.clear()
         if not first:
             self._notify(new)
@@ -461,26 +514,33 @@ class Registry:
                 print("rethook: registry subscriber failed:", file=sys.stderr)
                 traceback.print_exc()
 
-    def _maintain(self) -> None:
-        """Bring the registry up to date before a listing."""
+    def _maintain(self, scope: Scope | None = None, scan: bool = False) -> None:
+        """Bring the registry up to date before a listing: the modules ``scope`` takes in
+        (None: all) complete. A listing of what is registered (:func:`no_modules`) needs no
+        scan, unless ``scan``."""
         with self._lock:
-            if not self._scanned:
+            if scope is no_modules and not scan:
+                pass  # what is registered is all that is asked for
+            elif not self._scanned:
                 self._scan()
             elif not self._subscribers and _modules_signature() != self._modules_at_scan:
                 # No import hook is active: catch up on modules loaded since the last scan.
                 self._scan()
-            found = self._scan_pending_namespaces(include_initializing=False)
-        self._notify(found)
+            found = self._register_found(scope)
+            found += self._scan_pending_namespaces(include_initializing=False)
+        self._notify(_listable(found))  # (the engine hooks what its users' filters match)
 
     def _ensure_scanned(self) -> None:
         if not self._scanned:
             self._scan()
 
-    def _scan(self) -> list[FunctionInfo]:
-        """Register every live function (and its nested code) not known yet.
+    def _scan(self) -> None:
+        """Find every live function (and its nested code) not known yet, grouped by module in
+        ``_unregistered``, for :meth:`_register_found`.
 
         Live generators and coroutines count too: a module-level generator expression's code is
-        reachable from nothing else once the module body has finished.
+        reachable from nothing else once the module body has finished. Only code objects and
+        names are kept, never a function or a frame (the program's data).
         """
         funcs: list[FunctionType] = []
         gens: list[tuple[CodeType, FrameType | None]] = []
@@ -496,23 +556,53 @@ class Registry:
                 gens.append((o.ag_code, o.ag_frame))
         self._scanned = True
         self._modules_at_scan = _modules_signature()
-        new = self._register_functions(funcs)
-        entries: dict[int, _Entry] = {}
+        groups, where = self._unregistered, self._found_in
+        for top in self._tops(funcs):
+            if id(top[0]) not in where:
+                where[id(top[0])] = top[1]
+                groups.setdefault(top[1], _Found()).tops.append(top)
         for code, frame in gens:
-            if id(code) in self._by_id or id(code) in entries:
+            if id(code) in self._by_id or id(code) in where:
                 continue
             module = frame.f_globals.get("__name__") if frame is not None else None
             if not isinstance(module, str):
                 module = self._module_for_file(code.co_filename)
-            self._collect(code, module, None, entries, register_top=False)
-        return new + self._commit(entries)
+            where[id(code)] = module
+            groups.setdefault(module, _Found()).gens.append(code)
+
+    def _register_found(self, scope: Scope | None) -> list[FunctionInfo]:
+        """Register what the scan found of the modules ``scope`` takes in (None: all), a
+        module at a time, as one batch each; returns the new code's infos. Caller holds the
+        lock."""
+        groups = self._unregistered
+        if not groups:
+            return []
+        new: list[FunctionInfo] = []
+        by_id, where = self._by_id, self._found_in
+        for module in [m for m in groups if scope is None or scope(m)]:
+            found = groups.pop(module)
+            for code in found.codes():
+                where.pop(id(code), None)
+            new += self._register_tops([t for t in found.tops if id(t[0]) not in by_id])
+            entries: dict[int, _Entry] = {}
+            for code in found.gens:
+                if id(code) not in by_id and id(code) not in entries:
+                    self._collect(code, module, None, entries, register_top=False)
+            new += self._commit(entries)
+        return new
 
     def _register_functions(self, funcs: Iterable[FunctionType],
                             owners: dict[int, tuple[type, str]] | None = None
                             ) -> list[FunctionInfo]:
         """Register functions (and their nested code); ``owners``: ``id(function) -> (class,
         attribute)`` for those found in a class, which names generated ones."""
-        entries: dict[int, _Entry] = {}
+        return self._register_tops(self._tops(funcs, owners))
+
+    def _tops(self, funcs: Iterable[FunctionType],
+              owners: dict[int, tuple[type, str]] | None = None
+              ) -> list[tuple[CodeType, str, str]]:
+        """``(code, module, qualname)`` of the functions not known yet, not rethook's own
+        (in gc's order: :meth:`_register_tops` sorts them)."""
         fresh: list[tuple[FunctionType, CodeType]] = []
         seen: set[int] = set()
         by_id = self._by_id
@@ -521,8 +611,6 @@ class Registry:
             if id(code) not in by_id and id(code) not in seen:
                 seen.add(id(code))
                 fresh.append((f, code))
-        # A stable order keeps names deterministic (gc order is not).
-        fresh.sort(key=lambda fc: (fc[1].co_filename, fc[1].co_firstlineno, fc[1].co_qualname))
         tops: list[tuple[CodeType, str, str]] = []
         for f, code in fresh:
             module = self._function_module(f)
@@ -542,6 +630,14 @@ class Registry:
                     if isinstance(fq, str) and fq:
                         qualname = fq
             tops.append((code, module, qualname))
+        return tops
+
+    def _register_tops(self, tops: list[tuple[CodeType, str, str]]) -> list[FunctionInfo]:
+        """Register functions' code as ``(code, module, qualname)`` and their nested code."""
+        # A stable order keeps names deterministic (gc order is not).
+        tops = sorted(tops, key=lambda t: (t[0].co_filename, t[0].co_firstlineno,
+                                           t[0].co_qualname))
+        entries: dict[int, _Entry] = {}
         # Every function's own code first, so that code found both as a function and nested in
         # another takes its own function's qualname; then what is nested in them.
         for code, module, qualname in tops:

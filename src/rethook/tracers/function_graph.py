@@ -60,8 +60,10 @@ class GraphOps(FgraphOps):
         self.filter = ctx.ftrace_filter  # hooked: set_ftrace_filter minus set_ftrace_notrace
         self.ctx = ctx
         opts = ctx.options
-        self.roots = ctx.graph_function.select_by_id() if not ctx.graph_function.is_empty else None
-        self.skip = ctx.graph_notrace.select_by_id() if not ctx.graph_notrace.is_empty else None
+        # (registered so far: the others join as they are registered, see _new_functions)
+        roots, skip = ctx.graph_function, ctx.graph_notrace
+        self.roots = None if roots.is_empty else roots.select_by_id(complete=False)
+        self.skip = None if skip.is_empty else skip.select_by_id(complete=False)
         self.max_depth = ctx.max_graph_depth
         self.thresh = ctx.tracing_thresh_ns
         self.sleep_time = opts["sleep-time"]
@@ -71,7 +73,7 @@ class GraphOps(FgraphOps):
         self.wants_frame = self.args
         self.name_of = ctx.registry.name
         self._local = threading.local()
-        # Roots and notrace functions in modules imported later join as they load.
+        # Roots and notrace functions registered later (imports, discovery) join then.
         self.close = ctx.registry.subscribe(self._new_functions)
 
     def _new_functions(self, infos: list) -> None:
