@@ -913,8 +913,10 @@ def _pair_time(pair: tuple[Event, Any]) -> int:
     return pair[0][1]
 
 
-#: The switch interval while a drain round runs (see _round_holds_the_gil).
-ROUND_SWITCH_INTERVAL = 0.1
+#: The switch interval while a drain round runs (see _round_holds_the_gil): longer than a
+#: round of 4 full rings takes (5-15 ms), short enough that a round that does let the GIL go
+#: (waiting for a lock a program thread holds) gets it back within a few of them.
+ROUND_SWITCH_INTERVAL = 0.02
 
 
 @contextmanager
@@ -923,13 +925,13 @@ def _round_holds_the_gil() -> Iterator[None]:
 
     With several CPU-bound program threads, a thread asking for the GIL gets it after one
     switch interval (5 ms) at best, and after several when the other program threads win the
-    handoffs: 20 to 90 ms were measured with 4 threads, while the rings fill. A round that
+    handoffs: 30 to 130 ms were measured with 4 threads, while the rings fill. A round that
     lost the GIL at each bytecode boundary between two threads' rings (the program threads
-    ask for it as soon as the round starts) waited that long once per thread. The program
-    threads that wait ask for the GIL only after a whole switch interval: a long one for the
-    round's duration keeps it with the round, which ends by waiting (letting the GIL go), with
-    the program's interval back. The program cannot see the change: none of its threads runs
-    meanwhile."""
+    ask for it again as soon as the round starts) waited that long once per thread. The
+    program threads that wait ask for the GIL only after a whole switch interval: a longer
+    one for the round's duration keeps it with the round, which ends by waiting (letting the
+    GIL go), with the program's interval back. The program cannot see the change: none of its
+    threads runs meanwhile, unless the round waits for a lock one of them holds."""
     old = sys.getswitchinterval()
     if old >= ROUND_SWITCH_INTERVAL:
         yield
