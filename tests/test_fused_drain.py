@@ -786,6 +786,17 @@ def test_prepared_writer_writes_the_same():
 
 
 @pytest.mark.parametrize("short_writes", [False, True])
+def _unbuffered_pair(tmp_path):
+    """Two rings holding the same 80 records, and two writers to unbuffered files: for the
+    fused path and the tuple path, whose files must be the same bytes (_same_files)."""
+    a, b = cring.Ring(64, TID), cring.Ring(64, TID)
+    write_records((a, b), [(2 + k % 2, k % 3, None, k % 6, 5, k, 0, 0, 0) for k in range(80)])
+    paths = (tmp_path / "fused.dat", tmp_path / "tuple.dat")
+    writers = [TraceWriter(open(p, "wb", buffering=0), formats=builtin_registry(),
+                           batch_events=20) for p in paths]
+    return (a, writers[0]), (b, writers[1]), paths
+
+
 def test_unbuffered_files_get_one_writev(tmp_path, monkeypatch, short_writes):
     """To an unbuffered file that is not a regular one (a pipe) the chunks of a call go in
     one os.writev, uncopied; a short write is carried on where it stopped."""
@@ -798,13 +809,7 @@ def test_unbuffered_files_get_one_writev(tmp_path, monkeypatch, short_writes):
             return real(fd, parts)
         return os.write(fd, b"".join(parts)[:7])  # at most 7 bytes a call
 
-    a, b = cring.Ring(64, TID), cring.Ring(64, TID)
-    write_records((a, b), [(2 + k % 2, k % 3, None, k % 6, 5, k, 0, 0, 0) for k in range(80)])
-    paths = (tmp_path / "fused.dat", tmp_path / "tuple.dat")
-    wa = TraceWriter(open(paths[0], "wb", buffering=0), formats=builtin_registry(),
-                     batch_events=20)
-    wb = TraceWriter(open(paths[1], "wb", buffering=0), formats=builtin_registry(),
-                     batch_events=20)
+    (a, wa), (b, wb), paths = _unbuffered_pair(tmp_path)
     assert wa._writev and wa._held  # (a regular file: see the next test)
     wa._held = False
     monkeypatch.setattr(tracefile.os, "writev", writev)
@@ -821,13 +826,7 @@ def test_unbuffered_files_get_one_writev(tmp_path, monkeypatch, short_writes):
 def test_regular_files_are_written_with_the_gil_held(tmp_path):
     """To a regular file the chunks of a call are written by _tfenc.write_held, which keeps
     the GIL (a drain round that let it go waited for it again): the same bytes."""
-    a, b = cring.Ring(64, TID), cring.Ring(64, TID)
-    write_records((a, b), [(2 + k % 2, k % 3, None, k % 6, 5, k, 0, 0, 0) for k in range(80)])
-    paths = (tmp_path / "fused.dat", tmp_path / "tuple.dat")
-    wa = TraceWriter(open(paths[0], "wb", buffering=0), formats=builtin_registry(),
-                     batch_events=20)
-    wb = TraceWriter(open(paths[1], "wb", buffering=0), formats=builtin_registry(),
-                     batch_events=20)
+    (a, wa), (b, wb), paths = _unbuffered_pair(tmp_path)
     assert wa._held
     fused(wa, a)
     tuple_path(wb, b)
