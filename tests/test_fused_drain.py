@@ -785,7 +785,6 @@ def test_prepared_writer_writes_the_same():
     assert finish(wa) == finish(wb)
 
 
-@pytest.mark.parametrize("short_writes", [False, True])
 def _unbuffered_pair(tmp_path):
     """Two rings holding the same 80 records, and two writers to unbuffered files: for the
     fused path and the tuple path, whose files must be the same bytes (_same_files)."""
@@ -797,6 +796,7 @@ def _unbuffered_pair(tmp_path):
     return (a, writers[0]), (b, writers[1]), paths
 
 
+@pytest.mark.parametrize("short_writes", [False, True])
 def test_unbuffered_files_get_one_writev(tmp_path, monkeypatch, short_writes):
     """To an unbuffered file that is not a regular one (a pipe) the chunks of a call go in
     one os.writev, uncopied; a short write is carried on where it stopped."""
