@@ -787,7 +787,7 @@ def test_prepared_writer_writes_the_same():
 
 def _unbuffered_pair(tmp_path):
     """Two rings holding the same 80 records, and two writers to unbuffered files: for the
-    fused path and the tuple path, whose files must be the same bytes (_same_files)."""
+    fused path and the tuple path, whose files must be the same bytes."""
     a, b = cring.Ring(64, TID), cring.Ring(64, TID)
     write_records((a, b), [(2 + k % 2, k % 3, None, k % 6, 5, k, 0, 0, 0) for k in range(80)])
     paths = (tmp_path / "fused.dat", tmp_path / "tuple.dat")
