@@ -358,8 +358,9 @@ def _dispatch_of(fs, func):
 
 
 def test_direct_entry_only_where_the_native_user_is_alone(on_c_core):
-    """Plain functions whose one user is the native function_graph get a direct entry;
-    generators, functions shared with another user and funcgraph-overrun do not."""
+    """Functions whose one user is the native function_graph get a direct entry (plain
+    functions share it, generators' calls get direct records); functions shared with another
+    user and funcgraph-overrun do not."""
     from rethook.probes import Kretprobe
     fs = Tracefs()
     try:
@@ -368,7 +369,9 @@ def test_direct_entry_only_where_the_native_user_is_alone(on_c_core):
         direct = _dispatch_of(fs, calls.fib)[4]
         assert direct is not None and direct[0] is calls.fib.__code__
         assert direct[2] is fs.tracer.ops.direct
-        assert _dispatch_of(fs, gens.count)[4] is None  # matched by frame, parked: records
+        gen_direct = _dispatch_of(fs, gens.count)[4]  # direct records (fgraph_direct.h)
+        assert gen_direct is not None and gen_direct[0] is gens.count.__code__
+        assert _dispatch_of(fs, gens.count)[3] is None  # (no marker: matched by frame)
         rp = Kretprobe("programs.calls.leaf", handler=lambda ri, v: None)
         assert _dispatch_of(fs, calls.leaf)[4] is not None
         rp.register()

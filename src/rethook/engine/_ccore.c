@@ -12,7 +12,8 @@
  *    core._new_thread_state, listed in core._threads), the parked table (core._parked), the
  *    sweep lock (core.sweep_lock, read at each use: after_fork_in_child rebinds it) and the
  *    internal-error counter (core.internal_error). Records stay Python lists and markers the
- *    dispatch's (code,) tuples, exactly as the pure core builds them.
+ *    dispatch's (code,) tuples, exactly as the pure core builds them; a direct record (below)
+ *    is a list too, of a subtype whose header times Python reads exactly by item access.
  *  - Only the values the pure core keeps in module globals for its own callbacks are C
  *    statics here: the dispatch table (a C hash keyed by the code object's address, built by
  *    publish() from the engine's dict), max_depth, the sweeping flag, the overflow hook and
@@ -28,6 +29,13 @@
  *  - Direct entries (fgraph_direct.h): where a function's one graph user is written in C and
  *    offers hooks, on_start pushes the dispatch's shared (code, reg, capsule) tuple and calls
  *    the hook with C values; the exits call its exit hook. No Python object per call.
+ *  - Direct records (fgraph_direct.h): the same for a generator or coroutine whose one user
+ *    has generator hooks. Each call gets a record (DirectRecord, a list subtype, from a
+ *    freelist) with its three times as C fields; yield, resume and exit call the user's
+ *    gen_* hooks with C values, with no Python int, argument vector or vectorcall per event
+ *    and no frame object made after the entry's (frame_peek). Parking stays core._parked,
+ *    keyed by frame, so every engine rule (any-thread resume, sweeps, collect_parked, the
+ *    overflow hook, FLAG_UNFINISHED at teardown) treats them as the records they are.
  *  - Timestamps come from the trace clock (clock.h), shared with Python through _clock.
  *  - Discovery (core.py's "Discovery"): on_start hands PY_START of code that is not in the
  *    table to sight(), which asks the registry's hook about unknown code, dispatches the call
@@ -46,6 +54,7 @@
 #include "clock.h"
 
 #include "fgraph_direct.h"
+#include "pyframe.h"
 
 #if PY_VERSION_HEX < 0x030C0000
 #error "rethook's C core needs CPython 3.12 or newer (sys.monitoring)"
@@ -100,6 +109,7 @@ static Py_ssize_t park_limit = 1024;
  * and sys.monitoring.DISABLE. */
 static PyObject *discover_hook, *known_ids, *disabled_ids, *monitoring_disable;
 
+
 /* ---------------------------------------------------------------------------------------- */
 /* The dispatch table: code address -> (entry_regs, graph_regs, flags, marker, direct).      */
 
@@ -110,7 +120,8 @@ typedef struct {
     PyObject *graph;    /* borrowed from dispatch: tuple of Registration */
     PyObject *marker;   /* borrowed from dispatch: (code,) or NULL for None */
     PyObject *direct_entry;   /* borrowed: (code, reg, capsule) or NULL (fgraph_direct.h) */
-    const rh_direct *direct;  /* the capsule's hooks, or NULL */
+    const rh_direct *direct;  /* the capsule's hooks, or NULL (for a generator's code: only
+                               * when the capsule has the generator hooks) */
     long flags;
 } Slot;
 
@@ -257,11 +268,19 @@ rec_new(void)
 }
 
 /* Drop the core's reference to a record: onto the freelist when it was the last one. */
+static void drec_release(PyObject *rec);
+#define IS_DREC(o) Py_IS_TYPE((o), &DRecord_Type)
+static PyTypeObject DRecord_Type;
+
 static void
 rec_release(PyObject *rec)
 {
     if (rec == NULL)
         return;
+    if (IS_DREC(rec)) {
+        drec_release(rec);
+        return;
+    }
     if (Py_REFCNT(rec) != 1 || !PyList_CheckExact(rec) || rec_nfree >= REC_FREELIST ||
         ((PyListObject *)rec)->allocated < REC_ROOM ||
         ((PyListObject *)rec)->allocated > REC_RECYCLE_MAX) {
@@ -303,6 +322,262 @@ rec_add_claim(PyObject *rec, PyObject *reg, PyObject *data)
         return -1;
     }
     return 0;
+}
+
+/* ---- Direct records: a generator call whose one user has direct hooks (fgraph_direct.h) ----
+ *
+ * A record list of a subtype of list, so the engine's Python code (which tells entries apart
+ * with isinstance(entry, list)) sees an ordinary record: key and frame, code, one claim. Its
+ * three times are C fields; the list's own REC_TIME, REC_SLEEP and REC_PARKED_AT items hold 0,
+ * and item access (rec[i], the only way rethook reads a record's header), iteration, slices and
+ * repr() answer from the fields, so Python reads exactly what a plain record would hold. The
+ * core itself never reads those items of a direct record: every path below routes a direct
+ * record to the helpers that use the fields (drec_*, gen_direct_*). List methods that bypass
+ * item access (copy(), index(), count(), ==) see the stored zeros. */
+typedef struct {
+    PyListObject list;
+    PyObject *direct_entry;  /* strong: the dispatch's (code, reg, capsule) the call entered by:
+                              * it holds the registration, which keeps the hooks' user alive */
+    const rh_direct *d;      /* the capsule's hooks (generator hooks present) */
+    int64_t t0;              /* REC_TIME: entry time */
+    int64_t sleep;           /* REC_SLEEP: ns spent suspended so far */
+    int64_t parked_at;       /* REC_PARKED_AT: when last suspended */
+} DRecord;
+
+static ssizeargfunc list_sq_item;     /* list's own slots, read at import */
+static binaryfunc list_mp_subscript;
+static objobjargproc list_mp_ass_subscript;
+
+static inline int
+drec_is_time(Py_ssize_t i)
+{
+    return i == REC_TIME || i == REC_SLEEP || i == REC_PARKED_AT;
+}
+
+static inline int64_t *
+drec_field(DRecord *r, Py_ssize_t i)
+{
+    return i == REC_TIME ? &r->t0 : i == REC_SLEEP ? &r->sleep : &r->parked_at;
+}
+
+/* A plain list with the record's items, the times as ints. */
+static PyObject *
+drec_snapshot(PyObject *self)
+{
+    Py_ssize_t n = PyList_GET_SIZE(self);
+    PyObject *copy = PyList_GetSlice(self, 0, n);
+    if (copy == NULL)
+        return NULL;
+    for (Py_ssize_t i = REC_TIME; i <= REC_PARKED_AT && i < n; i++) {
+        PyObject *v = PyLong_FromLongLong(*drec_field((DRecord *)self, i));
+        if (v == NULL || PyList_SetItem(copy, i, v) < 0) {
+            Py_DECREF(copy);
+            return NULL;
+        }
+    }
+    return copy;
+}
+
+static PyObject *
+drec_sq_item(PyObject *self, Py_ssize_t i)
+{
+    if (drec_is_time(i) && i < PyList_GET_SIZE(self))
+        return PyLong_FromLongLong(*drec_field((DRecord *)self, i));
+    return list_sq_item(self, i);
+}
+
+static PyObject *
+drec_subscript(PyObject *self, PyObject *item)
+{
+    if (PyIndex_Check(item)) {
+        Py_ssize_t i = PyNumber_AsSsize_t(item, PyExc_IndexError);
+        if (i == -1 && PyErr_Occurred())
+            return NULL;
+        if (i < 0)
+            i += PyList_GET_SIZE(self);
+        if (drec_is_time(i) && i < PyList_GET_SIZE(self))
+            return PyLong_FromLongLong(*drec_field((DRecord *)self, i));
+        return list_mp_subscript(self, item);
+    }
+    PyObject *copy = drec_snapshot(self);
+    if (copy == NULL)
+        return NULL;
+    PyObject *v = PyObject_GetItem(copy, item);
+    Py_DECREF(copy);
+    return v;
+}
+
+static int
+drec_ass_subscript(PyObject *self, PyObject *item, PyObject *value)
+{
+    if (value != NULL && PyIndex_Check(item)) {
+        Py_ssize_t i = PyNumber_AsSsize_t(item, PyExc_IndexError);
+        if (i == -1 && PyErr_Occurred())
+            return -1;
+        if (i < 0)
+            i += PyList_GET_SIZE(self);
+        if (drec_is_time(i) && i < PyList_GET_SIZE(self)) {
+            long long v = PyLong_AsLongLong(value);
+            if (v == -1 && PyErr_Occurred())
+                return -1;
+            *drec_field((DRecord *)self, i) = v;
+            return 0;
+        }
+    }
+    return list_mp_ass_subscript(self, item, value);
+}
+
+static PyObject *
+drec_iter(PyObject *self)
+{
+    PyObject *copy = drec_snapshot(self);
+    if (copy == NULL)
+        return NULL;
+    PyObject *it = PyObject_GetIter(copy);
+    Py_DECREF(copy);
+    return it;
+}
+
+static PyObject *
+drec_repr(PyObject *self)
+{
+    PyObject *copy = drec_snapshot(self);
+    if (copy == NULL)
+        return NULL;
+    PyObject *r = PyObject_Repr(copy);
+    Py_DECREF(copy);
+    return r;
+}
+
+static int
+drec_traverse(PyObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(((DRecord *)self)->direct_entry);
+    return PyList_Type.tp_traverse(self, visit, arg);
+}
+
+static int
+drec_clear(PyObject *self)
+{
+    Py_CLEAR(((DRecord *)self)->direct_entry);
+    return PyList_Type.tp_clear(self);
+}
+
+static void
+drec_dealloc(PyObject *self)
+{
+    PyObject_GC_UnTrack(self);
+    Py_CLEAR(((DRecord *)self)->direct_entry);
+    PyList_Type.tp_dealloc(self); /* (frees with our tp_free: it is not an exact list) */
+}
+
+static PySequenceMethods drec_as_sequence = {.sq_item = drec_sq_item};
+static PyMappingMethods drec_as_mapping = {.mp_subscript = drec_subscript,
+                                           .mp_ass_subscript = drec_ass_subscript};
+
+static PyTypeObject DRecord_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "rethook.engine._ccore.DirectRecord",
+    .tp_basicsize = sizeof(DRecord),
+    .tp_dealloc = drec_dealloc,
+    .tp_repr = drec_repr,
+    .tp_as_sequence = &drec_as_sequence,
+    .tp_as_mapping = &drec_as_mapping,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_DISALLOW_INSTANTIATION,
+    .tp_traverse = drec_traverse,
+    .tp_clear = drec_clear,
+    .tp_iter = drec_iter,
+    .tp_doc = "A generator call's record whose one claim is a direct user's "
+              "(engine/fgraph_direct.h): a record list whose times are C fields.",
+};
+
+/* Direct records the core dropped its last reference to, emptied, for reuse. */
+static PyObject *drec_free[REC_FREELIST];
+static int drec_nfree;
+
+/* An empty direct record (size 0, room for REC_ROOM items, no direct entry), or NULL with an
+ * error. */
+static DRecord *
+drec_new(void)
+{
+    if (drec_nfree > 0)
+        return (DRecord *)drec_free[--drec_nfree];
+    DRecord *r = (DRecord *)PyType_GenericAlloc(&DRecord_Type, 0);
+    if (r == NULL)
+        return NULL;
+    r->list.ob_item = PyMem_Calloc(REC_ROOM, sizeof(PyObject *));
+    if (r->list.ob_item == NULL) {
+        Py_DECREF(r);
+        PyErr_NoMemory();
+        return NULL;
+    }
+    r->list.allocated = REC_ROOM;
+    return r;
+}
+
+static inline int
+drec_reusable(PyObject *rec, Py_ssize_t size)
+{
+    return Py_REFCNT(rec) == 1 && PyList_GET_SIZE(rec) == size && drec_nfree < REC_FREELIST &&
+           ((PyListObject *)rec)->allocated >= REC_ROOM &&
+           ((PyListObject *)rec)->allocated <= REC_RECYCLE_MAX;
+}
+
+/* Drop the core's reference to a direct record: onto the freelist when it was the last. */
+static void
+drec_release(PyObject *rec)
+{
+    Py_ssize_t n = PyList_GET_SIZE(rec);
+    if (!drec_reusable(rec, n)) {
+        Py_DECREF(rec);
+        return;
+    }
+    PyObject *items[REC_RECYCLE_MAX];
+    for (Py_ssize_t i = 0; i < n; i++)
+        items[i] = PyList_GET_ITEM(rec, i);
+    Py_SET_SIZE(rec, 0);
+    PyObject *entry = ((DRecord *)rec)->direct_entry;
+    ((DRecord *)rec)->direct_entry = NULL;
+    for (Py_ssize_t i = 0; i < n; i++)
+        Py_DECREF(items[i]); /* (may run a finaliser: check again below) */
+    Py_XDECREF(entry);
+    if (!drec_reusable(rec, 0) || ((DRecord *)rec)->direct_entry != NULL) {
+        Py_DECREF(rec);
+        return;
+    }
+    drec_free[drec_nfree++] = rec;
+}
+
+/* The claim of a direct record (borrowed), if it still has it: a sweep may have taken it. */
+static inline int
+drec_claim(PyObject *rec, PyObject **reg, PyObject **data)
+{
+    if (PyList_GET_SIZE(rec) != REC_HEADER + 2 || ((DRecord *)rec)->direct_entry == NULL)
+        return 0;
+    *reg = PyList_GET_ITEM(rec, REC_HEADER);
+    *data = PyList_GET_ITEM(rec, REC_HEADER + 1);
+    return 1;
+}
+
+/* The frame that fired the event, borrowed, if it has a frame object already; NULL if not
+ * (then no record can be keyed by it: a record holds its frame object, which stays the
+ * interpreter frame's own until the frame ends). No thread-local lookup, no allocation. */
+static inline PyObject *
+frame_peek(PyThreadState *tstate)
+{
+#if RH_HAVE_IFRAME
+#if PY_VERSION_HEX >= 0x030D0000
+    _PyInterpreterFrame *f = tstate->current_frame;
+#else
+    _PyInterpreterFrame *f = tstate->cframe->current_frame;
+#endif
+    while (f != NULL && _PyFrame_IsIncomplete(f)) /* PyEval_GetFrame()'s frame */
+        f = f->previous;
+    return f != NULL ? (PyObject *)f->frame_obj : NULL;
+#else
+    (void)tstate;
+    return (PyObject *)PyEval_GetFrame();
+#endif
 }
 
 static inline PyObject *
@@ -650,17 +925,65 @@ direct_exit(PyObject *entry, PyObject *exc, long flags, long long t, PyThreadSta
         handler_error(PyTuple_GET_ITEM(entry, 1), pending);
 }
 
+/* A direct record's suspension or resumption at t: its user's hook, if the record still has
+ * its claim (the caller holds the record). */
+static void
+drec_notify(PyObject *rec, PyThreadState *tstate, int64_t t, int resume, PyObject **pending)
+{
+    PyObject *reg, *data;
+    if (!drec_claim(rec, &reg, &data))
+        return;
+    const rh_direct *d = ((DRecord *)rec)->d;
+    PyObject *code = Py_NewRef(PyList_GET_ITEM(rec, REC_CODE));
+    Py_INCREF(reg);
+    Py_INCREF(data);
+    int r = resume ? d->gen_resume(d->self, tstate, code, data, t)
+                   : d->gen_suspend(d->self, tstate, code, data, t);
+    if (r < 0)
+        handler_error(reg, pending);
+    Py_DECREF(data);
+    Py_DECREF(reg);
+    Py_DECREF(code);
+}
+
+/* A direct record's call ends at t (exc: the exception or NULL; flags: the return flags): its
+ * claim, if it still has it, is taken off and delivered to its user's exit hook. */
+static void
+drec_exit(PyObject *rec, PyThreadState *tstate, PyObject *exc, long flags, int64_t t,
+          PyObject **pending)
+{
+    PyObject *reg, *data;
+    if (!drec_claim(rec, &reg, &data))
+        return;
+    DRecord *r = (DRecord *)rec;
+    PyObject *entry = Py_NewRef(r->direct_entry); /* keeps the hooks' user alive */
+    data = list_pop(rec);
+    reg = list_pop(rec);
+    PyObject *code = Py_NewRef(PyList_GET_ITEM(rec, REC_CODE));
+    const rh_direct *d = r->d;
+    if (d->gen_exit(d->self, tstate, code, data, r->t0, t, r->sleep,
+                    exc == Py_None ? NULL : exc, flags) < 0)
+        handler_error(reg, pending);
+    Py_DECREF(code);
+    Py_DECREF(reg);
+    Py_DECREF(data);
+    Py_DECREF(entry);
+}
+
 /* Pop every claim off a record (newest first) and call each return handler once (core.deliver;
  * depth_obj, retval, exc, t and flags are passed through). */
 static int
 deliver(PyObject *ts, PyObject *rec, PyObject *depth_obj, PyObject *retval, PyObject *exc,
         PyObject *t, long flags, PyObject **pending)
 {
-    if (is_direct(rec)) {
+    if (is_direct(rec) || IS_DREC(rec)) {
         long long tn = PyLong_AsLongLong(t);
         if (tn == -1 && PyErr_Occurred())
             return -1;
-        direct_exit(rec, exc, flags, tn, current_tstate(), pending);
+        if (IS_DREC(rec))
+            drec_exit(rec, current_tstate(), exc, flags, tn, pending);
+        else
+            direct_exit(rec, exc, flags, tn, current_tstate(), pending);
         return 0;
     }
     if (!PyList_Check(rec) || PyList_GET_SIZE(rec) <= REC_HEADER)
@@ -927,6 +1250,179 @@ direct_return(PyThreadState *tstate, PyObject *ts, PyObject *code, PyObject *exc
     return 1;
 }
 
+/* ---- Direct records (generators and coroutines whose one user has generator hooks) -------
+ *
+ * The same idea for the calls that suspend: per event no Python int, no argument vector, no
+ * handler lookup, no vectorcall, no frame object made after the entry's (the frame is found
+ * with frame_peek). Per call: the record (a freelist) and the user's entry data. The parked
+ * table stays core._parked, keyed by frame, so parking, resuming on another thread, the
+ * sweep, collect_parked and the overflow hook see direct records as any other.
+ *
+ *   entry   (on_start, fast or general path) the direct record is pushed, then gen_entry;
+ *           declined: popped, as a generator's record with no claim.
+ *   yield   the top entry is the frame's direct record: popped, parked with its C time, then
+ *           gen_suspend.
+ *   resume  (on_resume) a direct record unparked: sleep added in C, gen_resume, pushed.
+ *   exit    the top entry is the frame's direct record: popped, its claim to gen_exit.
+ * The fast paths (no busy thread, no sweep) return 1 when they handled the event, 0 to leave
+ * it to the general path, which routes direct records to the same helpers. */
+
+/* Push a direct record for a call of code (in frame) and ask the user. direct_entry, d and
+ * reg are the dispatch's (the caller holds the dispatch). */
+static void
+gen_direct_enter(PyThreadState *tstate, PyObject *stack, PyObject *code, PyObject *frame,
+                 PyObject *direct_entry, const rh_direct *d, PyObject *reg, PyObject **pending)
+{
+    DRecord *r = drec_new();
+    if (r == NULL) {
+        stash_error(pending);
+        return;
+    }
+    PyObject *rec = (PyObject *)r;
+    PyObject **it = r->list.ob_item;
+    it[REC_KEY] = Py_NewRef(frame);
+    it[REC_CODE] = Py_NewRef(code);
+    it[REC_FRAME] = Py_NewRef(frame);
+    it[REC_TIME] = Py_NewRef(zero); /* (the times are the C fields) */
+    it[REC_SLEEP] = Py_NewRef(zero);
+    it[REC_PARKED_AT] = Py_NewRef(zero);
+    Py_SET_SIZE(rec, REC_HEADER);
+    r->direct_entry = Py_NewRef(direct_entry);
+    r->d = d;
+    r->t0 = now_ns();
+    r->sleep = 0;
+    r->parked_at = 0;
+    /* Push first, then ask the user (rule 1). */
+    if (PyList_Append(stack, rec) < 0) {
+        stash_error(pending);
+        drec_release(rec);
+        return;
+    }
+    PyObject *data = NULL;
+    int ok = d->gen_entry(d->self, tstate, code, r->t0, &data);
+    if (ok > 0 && data == NULL) {
+        PyErr_SetString(PyExc_SystemError, "a direct user's gen_entry claimed a call "
+                        "without entry data");
+        ok = -1;
+    }
+    if (ok > 0) {
+        if (rec_add_claim(rec, reg, data) < 0) /* (never: the record has room for it) */
+            stash_error(pending);
+        Py_DECREF(data);
+    }
+    else if (ok < 0) {
+        handler_error(reg, pending); /* (declined) */
+    }
+    Py_ssize_t n = PyList_GET_SIZE(stack);
+    if (PyList_GET_SIZE(rec) == REC_HEADER && n && PyList_GET_ITEM(stack, n - 1) == rec)
+        Py_DECREF(list_pop(stack)); /* nobody wants the return: a generator has no marker */
+    drec_release(rec);
+}
+
+static inline int
+gen_direct_start(PyThreadState *tstate, PyObject *ts, const Slot *s, PyObject *code,
+                 PyObject **pending)
+{
+    PyObject *stack = SLOT(ts, ts_stack);
+    if (stack == NULL || !PyList_CheckExact(stack) || PyList_GET_SIZE(stack) >= max_depth)
+        return 0; /* (an overrun: the general path counts it) */
+    Py_INCREF(ts);
+    SET_BUSY(ts, 1);
+    /* The dispatch holds the direct entry and the registration: held across the hook, whose
+     * first call on a thread runs Python code (another thread may publish meanwhile). */
+    PyObject *dispatch = Py_NewRef(s->dispatch);
+    PyObject *direct_entry = s->direct_entry, *reg = PyTuple_GET_ITEM(s->graph, 0);
+    const rh_direct *d = s->direct;
+    Py_INCREF(stack);
+    PyObject *frame = frame_peek(tstate);
+    frame = frame != NULL ? Py_NewRef(frame) : current_frame(); /* (makes it: the entry) */
+    gen_direct_enter(tstate, stack, code, frame, direct_entry, d, reg, pending);
+    Py_DECREF(frame);
+    Py_DECREF(stack);
+    Py_DECREF(dispatch);
+    SET_BUSY(ts, 0);
+    Py_DECREF(ts);
+    return 1;
+}
+
+/* The top entry of ts's stack if it is the direct record of the frame that fired the event
+ * (borrowed), else NULL. */
+static inline PyObject *
+gen_direct_top(PyThreadState *tstate, PyObject *ts)
+{
+    PyObject *stack = SLOT(ts, ts_stack);
+    if (stack == NULL || !PyList_CheckExact(stack))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(stack);
+    if (n == 0)
+        return NULL;
+    PyObject *top = PyList_GET_ITEM(stack, n - 1);
+    if (!IS_DREC(top))
+        return NULL;
+    PyObject *frame = frame_peek(tstate);
+    return frame != NULL && PyList_GET_ITEM(top, REC_KEY) == frame ? top : NULL;
+}
+
+/* PY_RETURN / PY_UNWIND (exc) of a generator whose direct record is on top. */
+static inline int
+gen_direct_return(PyThreadState *tstate, PyObject *ts, PyObject *exc, PyObject **pending)
+{
+    PyObject *top = gen_direct_top(tstate, ts);
+    if (top == NULL)
+        return 0;
+    Py_INCREF(ts);
+    SET_BUSY(ts, 1);
+    PyObject *stack = SLOT(ts, ts_stack);
+    Py_SET_SIZE(stack, PyList_GET_SIZE(stack) - 1); /* the stack's reference is ours now */
+    drec_exit(top, tstate, exc, 0, now_ns(), pending);
+    drec_release(top);
+    SET_BUSY(ts, 0);
+    Py_DECREF(ts);
+    return 1;
+}
+
+/* Park a direct record (the caller's reference; frame: its key) at t: core._parked[frame], the
+ * suspend hook, the overflow hook past the limit. */
+static void
+drec_park(PyObject *rec, PyObject *frame, PyThreadState *tstate, int64_t t, PyObject **pending)
+{
+    ((DRecord *)rec)->parked_at = t;
+    if (PyDict_SetItem(parked, frame, rec) < 0) {
+        stash_error(pending);
+        return;
+    }
+    drec_notify(rec, tstate, t, 0, pending);
+    if (PyDict_GET_SIZE(parked) > park_limit && overflow_hook != NULL &&
+        overflow_hook != Py_None) {
+        PyObject *hook = Py_NewRef(overflow_hook);
+        PyObject *r = PyObject_CallNoArgs(hook);
+        Py_DECREF(hook);
+        if (r == NULL)
+            stash_error(pending);
+        Py_XDECREF(r);
+    }
+}
+
+/* PY_YIELD of a generator whose direct record is on top. */
+static inline int
+gen_direct_yield(PyThreadState *tstate, PyObject *ts, PyObject **pending)
+{
+    PyObject *top = gen_direct_top(tstate, ts);
+    if (top == NULL)
+        return 0;
+    Py_INCREF(ts);
+    SET_BUSY(ts, 1);
+    PyObject *stack = SLOT(ts, ts_stack);
+    Py_SET_SIZE(stack, PyList_GET_SIZE(stack) - 1); /* the stack's reference is ours now */
+    PyObject *frame = Py_NewRef(PyList_GET_ITEM(top, REC_KEY));
+    drec_park(top, frame, tstate, now_ns(), pending);
+    Py_DECREF(frame);
+    drec_release(top);
+    SET_BUSY(ts, 0);
+    Py_DECREF(ts);
+    return 1;
+}
+
 static PyObject *on_start(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
 /* PY_START of code that is not in the table (core.py's _sight, see "Discovery" there): unknown
@@ -1020,7 +1516,9 @@ on_start(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
         const Slot *fs = lookup(code);
         if (fs == NULL)
             return sight(args, nargs, 0); /* unknown code (discovery), or no longer hooked */
-        if (fs->direct != NULL && direct_start(tstate, ts, fs, code, &pending))
+        if (fs->direct != NULL &&
+            ((fs->flags & GENERATOR) ? gen_direct_start(tstate, ts, fs, code, &pending)
+                                     : direct_start(tstate, ts, fs, code, &pending)))
             return finish(pending);
     }
     Py_INCREF(ts);
@@ -1059,6 +1557,12 @@ on_start(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
         if (slot_incr(ts, ThreadState_t, ts_overrun, s_overrun) < 0 || missed(code, 1) < 0)
             stash_error(&pending);
         push(stack, marker, &pending);
+        goto done;
+    }
+    if (s->direct != NULL && (flags & GENERATOR)) {
+        /* A generator's one user is written in C: a direct record (fgraph_direct.h). */
+        gen_direct_enter(tstate, stack, code, frame, s->direct_entry, s->direct,
+                         PyTuple_GET_ITEM(graph, 0), &pending);
         goto done;
     }
     if (s->direct != NULL) {
@@ -1182,7 +1686,8 @@ on_return(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     PyObject *ts = exit_state(tstate, &pending);
     if (ts == NULL)
         return finish(pending);
-    if (!sweeping && direct_return(tstate, ts, code, NULL, &pending))
+    if (!sweeping && (direct_return(tstate, ts, code, NULL, &pending) ||
+                      gen_direct_return(tstate, ts, NULL, &pending)))
         return finish(pending);
     Py_INCREF(ts);
     SET_BUSY(ts, 1);
@@ -1212,6 +1717,10 @@ on_return(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     }
     if (is_direct(rec)) {
         direct_exit(rec, NULL, 0, now_ns(), tstate, &pending);
+        goto done;
+    }
+    if (IS_DREC(rec)) {
+        drec_exit(rec, tstate, NULL, 0, now_ns(), &pending);
         goto done;
     }
     if (!(PyList_CheckExact(rec) || PyList_Check(rec)))
@@ -1289,6 +1798,8 @@ on_unwind(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     if (rec_item(PyList_GET_ITEM(stack, PyList_GET_SIZE(stack) - 1), REC_KEY) != code &&
         lookup(code) == NULL)
         Py_RETURN_NONE; /* not hooked (draining code stays in the table) */
+    if (!sweeping && gen_direct_return(tstate, ts, exc, &pending))
+        return finish(pending);
     Py_INCREF(ts);
     SET_BUSY(ts, 1);
     PyObject *rec = NULL, *frame = NULL;
@@ -1318,6 +1829,9 @@ on_unwind(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     }
     if (is_direct(rec)) {
         direct_exit(rec, exc, 0, now_ns(), tstate, &pending);
+    }
+    else if (IS_DREC(rec)) {
+        drec_exit(rec, tstate, exc, 0, now_ns(), &pending);
     }
     else if (PyList_Check(rec) && PyList_GET_SIZE(rec) > REC_HEADER) { /* not a marker */
         int timed = PyList_GET_ITEM(rec, REC_TIME) == zero
@@ -1351,6 +1865,8 @@ on_yield(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     PyObject *ts = exit_state(tstate, &pending);
     if (ts == NULL)
         return finish(pending);
+    if (!sweeping && gen_direct_yield(tstate, ts, &pending))
+        return finish(pending);
     Py_INCREF(ts);
     SET_BUSY(ts, 1);
     PyObject *stack = NULL, *rec = NULL, *frame = NULL, *t = NULL;
@@ -1362,11 +1878,19 @@ on_yield(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
         stash_error(&pending);
         goto done;
     }
-    frame = current_frame();
+    /* A frame with no frame object yet is no record's (records hold theirs): nothing to do,
+     * and none is made (a generator entered before its events were on, say). */
+    if ((frame = frame_peek(tstate)) == NULL)
+        goto done;
+    Py_INCREF(frame);
     rec = exit_by_frame(ts, stack, frame, &pending);
     if (rec == NULL) {
         if (PyErr_Occurred())
             stash_error(&pending);
+        goto done;
+    }
+    if (IS_DREC(rec)) {
+        drec_park(rec, frame, tstate, now_ns(), &pending);
         goto done;
     }
     if (!PyList_Check(rec) || PyList_GET_SIZE(rec) < REC_HEADER) {
@@ -1414,16 +1938,24 @@ on_resume(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     if (PyDict_GET_SIZE(parked) == 0)
         Py_RETURN_NONE;
     PyObject *pending = NULL;
-    PyObject *ts = current_ts_in(current_tstate(), 1);
+    PyThreadState *tstate = current_tstate();
+    PyObject *ts = current_ts_in(tstate, 1);
     if (ts == NULL) {
         stash_error(&pending);
         return finish(pending);
     }
     if (ts_is_busy(ts))
         Py_RETURN_NONE;
+    /* A frame with no frame object is no parked record's key (a record holds its frame, which
+     * stays its interpreter frame's own): nothing to unpark, and no frame object is made (a
+     * PY_THROW into any frame). */
+    PyObject *frame = frame_peek(tstate);
+    if (frame == NULL)
+        Py_RETURN_NONE;
+    Py_INCREF(frame);
     Py_INCREF(ts);
     SET_BUSY(ts, 1);
-    PyObject *stack = NULL, *rec = NULL, *frame = NULL, *t = NULL;
+    PyObject *stack = NULL, *rec = NULL, *t = NULL;
     if (sweeping && wait_sweep(ts) < 0) {
         stash_error(&pending);
         goto done;
@@ -1432,16 +1964,24 @@ on_resume(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
         stash_error(&pending);
         goto done;
     }
-    frame = current_frame();
-    rec = PyDict_GetItemWithError(parked, frame);
-    if (rec == NULL) {
-        if (PyErr_Occurred())
-            stash_error(&pending);
-        goto done;
-    }
-    Py_INCREF(rec);
-    if (PyDict_DelItem(parked, frame) < 0) {
+#if PY_VERSION_HEX >= 0x030D0000
+    if (PyDict_Pop(parked, frame, &rec) < 0)
         stash_error(&pending);
+#else
+    rec = _PyDict_Pop(parked, frame, Py_None);
+    if (rec == NULL)
+        stash_error(&pending);
+    else if (rec == Py_None)
+        Py_CLEAR(rec);
+#endif
+    if (rec == NULL)
+        goto done; /* not parked */
+    if (IS_DREC(rec)) {
+        DRecord *r = (DRecord *)rec;
+        int64_t tn = now_ns();
+        r->sleep += tn - r->parked_at;
+        drec_notify(rec, tstate, tn, 1, &pending);
+        push(stack, rec, &pending); /* (after the hook, even one that failed: rule 6) */
         goto done;
     }
     if (!PyList_Check(rec) || PyList_GET_SIZE(rec) < REC_HEADER) {
@@ -1495,23 +2035,30 @@ parse_entry(PyObject *key, PyObject *value, Slot *out)
                         "(entry_regs tuple, graph_regs tuple, flags int, marker[, direct])");
         return -1;
     }
-    PyObject *direct_entry = PyTuple_GET_SIZE(value) == 5 ? PyTuple_GET_ITEM(value, 4) : Py_None;
-    const rh_direct *direct = NULL;
-    if (direct_entry != Py_None) {
-        if (!is_direct(direct_entry) || PyTuple_GET_SIZE(PyTuple_GET_ITEM(value, 0)) ||
-            PyTuple_GET_SIZE(PyTuple_GET_ITEM(value, 1)) != 1 ||
-            PyTuple_GET_ITEM(value, 3) == Py_None) {
-            PyErr_SetString(PyExc_TypeError, "publish(): a direct entry is "
-                            "(code, reg, capsule), for one graph user and a marker");
-            return -1;
-        }
-        direct = PyCapsule_GetPointer(PyTuple_GET_ITEM(direct_entry, 2), RH_DIRECT_CAPSULE);
-        if (direct == NULL)
-            return -1;
-    }
     long flags = PyLong_AsLong(PyTuple_GET_ITEM(value, 2));
     if (flags == -1 && PyErr_Occurred())
         return -1;
+    PyObject *direct_entry = PyTuple_GET_SIZE(value) == 5 ? PyTuple_GET_ITEM(value, 4) : Py_None;
+    const rh_direct *direct = NULL;
+    if (direct_entry != Py_None) {
+        /* one graph user, no entry user; a plain function's with its marker, a generator's
+         * (matched by frame) with none */
+        int gen = (flags & GENERATOR) != 0;
+        if (!is_direct(direct_entry) || PyTuple_GET_SIZE(PyTuple_GET_ITEM(value, 0)) ||
+            PyTuple_GET_SIZE(PyTuple_GET_ITEM(value, 1)) != 1 ||
+            (PyTuple_GET_ITEM(value, 3) == Py_None) != gen) {
+            PyErr_SetString(PyExc_TypeError, "publish(): a direct entry is "
+                            "(code, reg, capsule), for one graph user and a marker "
+                            "(none for a generator)");
+            return -1;
+        }
+        PyObject *capsule = PyTuple_GET_ITEM(direct_entry, 2);
+        direct = PyCapsule_GetPointer(capsule, RH_DIRECT_CAPSULE);
+        if (direct == NULL)
+            return -1;
+        if (gen && !rh_direct_has_gen(direct, rh_direct_size(capsule)))
+            direct = NULL; /* a user without generator hooks: ordinary records */
+    }
     out->key = addr;
     out->dispatch = value;
     out->entry = PyTuple_GET_ITEM(value, 0);
@@ -1844,6 +2391,12 @@ PyInit__ccore(void)
     }
     if (PyType_Ready(&TSGuard_Type) < 0)
         return NULL;
+    list_sq_item = PyList_Type.tp_as_sequence->sq_item;
+    list_mp_subscript = PyList_Type.tp_as_mapping->mp_subscript;
+    list_mp_ass_subscript = PyList_Type.tp_as_mapping->mp_ass_subscript;
+    DRecord_Type.tp_base = &PyList_Type;
+    if (PyType_Ready(&DRecord_Type) < 0)
+        return NULL;
     trace_clock = rh_clock_import();
     core_mod = PyImport_ImportModule("rethook.engine.core");
     if (core_mod == NULL)
@@ -1909,7 +2462,8 @@ PyInit__ccore(void)
     PyObject *m = PyModule_Create(&moduledef);
     if (m == NULL)
         return NULL;
-    if (PyModule_AddIntConstant(m, "REC_HEADER", REC_HEADER) < 0) {
+    if (PyModule_AddIntConstant(m, "REC_HEADER", REC_HEADER) < 0 ||
+        PyModule_AddObjectRef(m, "DirectRecord", (PyObject *)&DRecord_Type) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -182,8 +182,8 @@ class FgraphOps(_Ops):
     ``False``; functions whose users all say so skip that work (handlers then get ``None``/0).
 
     A user written in C may also set ``direct`` to a capsule of C hooks that the C core calls
-    without making Python objects, on plain functions where it is the only user
-    (engine/fgraph_direct.h states the contract).
+    without making Python objects, on functions, generators and coroutines where it is the
+    only user and no user wants the frame (engine/fgraph_direct.h states the contract).
     """
 
     wants_frame = True
@@ -446,7 +446,11 @@ class Engine:
 
     # --- resolution -----------------------------------------------------------------------
     def _select(self, ops: _Ops) -> dict[int, CodeType]:
-        return {id(info.code): info.code for info in ops.filter.select_infos()
+        # Registered functions only: a module the registry's scan found and has not
+        # registered yet is registered when one of its functions first runs (discovery) or a
+        # listing needs it, and _on_new_functions hooks what matches then. Code that never
+        # runs costs nothing (-l '*' over the modules loaded before the program).
+        return {id(info.code): info.code for info in ops.filter.select_infos(complete=False)
                 if not _own_code(info)}
 
     @_untraced
@@ -489,16 +493,22 @@ class Engine:
             entry = tuple(entry_users.get(key, ()))
             graph = tuple(graph_users.get(key, ()))
             flags = GENERATOR | WANT_FRAME if code.co_flags & SUSPENDING else 0
-            if any(e.ops.wants_frame for e in entry) or any(r.ops.wants_frame for r in graph):
+            wants_frame = (any(e.ops.wants_frame for e in entry)
+                           or any(r.ops.wants_frame for r in graph))
+            if wants_frame:
                 flags |= WANT_FRAME
             if any(r.ops.wants_time for r in graph):
                 flags |= WANT_TIME
             marker = make_marker(code) if graph and not flags & GENERATOR else None
             mask = core.LOCAL_CALL_EVENTS | (core.LOCAL_RETURN_EVENTS if graph else 0)
             direct = None
+            # One graph user written in C, alone, wanting no frame: its direct hooks
+            # (engine/fgraph_direct.h). A plain function's calls share the direct entry; a
+            # generator's or coroutine's each get a direct record (the core keeps the frame
+            # it parks them by: WANT_FRAME stays on), or ordinary records when the user's
+            # capsule has no generator hooks (the C core decides that when it publishes).
             if (core.capabilities.direct_calls and not entry and len(graph) == 1
-                    and marker is not None and not flags & WANT_FRAME
-                    and graph[0].ops.direct is not None):
+                    and not wants_frame and graph[0].ops.direct is not None):
                 direct = make_direct(code, graph[0], graph[0].ops.direct)
             dispatch = (entry, graph, flags, marker, direct)
             out[key] = (code, mask, interned.setdefault(dispatch, dispatch))

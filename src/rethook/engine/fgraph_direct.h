@@ -3,33 +3,70 @@
  * The kernel attaches a function with a single ftrace_ops through a trampoline that calls that
  * ops directly instead of walking the list. rethook's twin: a graph user written in C may offer
  * `ops.direct`, a capsule named RH_DIRECT_CAPSULE holding an rh_direct. When such a user is the
- * only user of a plain function (no entry users, not a generator or coroutine), the engine puts
- * a *direct entry* in the function's dispatch, and the C core then:
+ * only user of a function (no entry users, and no user that wants the frame), the engine puts a
+ * *direct entry* in the function's dispatch: the shared tuple (code, registration, capsule).
  *
- *   entry   pushes the direct entry, the shared tuple (code, registration, capsule), onto the
- *           thread's shadow stack and calls entry(self, tstate, code, t). 1: the user claimed the call
- *           and keeps its entry data on a per-thread stack of its own; 0: declined (the entry
- *           becomes the function's marker); -1: an error is set (counted on the registration,
- *           as a handler's exception, and the call is declined).
+ * Plain functions (entry and exit hooks):
+ *
+ *   entry   pushes the direct entry itself onto the thread's shadow stack and calls
+ *           entry(self, tstate, code, t). 1: the user claimed the call and keeps its entry data
+ *           on a per-thread stack of its own; 0: declined (the entry becomes the function's
+ *           marker); -1: an error is set (counted on the registration, as a handler's
+ *           exception, and the call is declined).
  *   exit    PY_RETURN / PY_UNWIND whose top entry is a direct entry of the code: pops it and
- *           calls exit(self, tstate, code, t, exc, flags) on the same thread; exc is the exception or
- *           NULL, flags the return handler's flags (FLAG_UNFINISHED when the slow exit path
- *           flushes calls that left unseen). The user pops its newest claimed call.
+ *           calls exit(self, tstate, code, t, exc, flags) on the same thread; exc is the
+ *           exception or NULL, flags the return handler's flags (FLAG_UNFINISHED when the slow
+ *           exit path flushes calls that left unseen). The user pops its newest claimed call.
  *
- * No Python object is made per call: the shadow-stack entry is shared by every call of the
- * function, the timestamps stay C integers. Rules the user must keep:
- *   - entry and exit run no Python code, never release the GIL and never call the engine
- *     (so no sweep can see the stack between the push and the call);
- *   - returns come newest first on each thread (the engine's rule 2), so a stack suffices;
- *   - a claim delivered from Python (the engine's sweep at unregister/stop, or the end of a
- *     thread) calls the user's ordinary retfunc with the ThreadState of the call's thread as
- *     its entry data: retfunc(code, None, depth, thread_state, None, None, 0, t, 0, flags).
- *     ThreadState.tid is that thread's threading.get_ident().
+ * Generators and coroutines (the gen_* hooks; read only from a capsule made by
+ * rh_direct_capsule(), whose context says the struct has them). A suspended call moves between
+ * threads and is parked by frame (the engine's rule 3), so it cannot share one tuple: each call
+ * gets a *direct record*, a record list (the engine's RECORD shape: key and frame, code, one
+ * claim (registration, data)) of the C core's own list subtype, whose three times (entry time,
+ * time suspended so far, time of the last suspension) are C integers. The engine's Python code
+ * (sweeps, collect_parked, a thread's end) reads them as rec[REC_TIME], rec[REC_SLEEP],
+ * rec[REC_PARKED_AT], which the subtype answers from the C fields: exact, made only when read.
+ *
+ *   entry   PY_START: the direct record is pushed, then
+ *           gen_entry(self, tstate, code, t, &data): 1: claimed, *data is a new reference to the
+ *           call's entry data (a Python object of the user's, the claim's data); 0 declined;
+ *           -1 error (as above). Declined: the record is popped (a generator has no marker).
+ *   suspend PY_YIELD: the record is parked (its time of suspension t), then
+ *           gen_suspend(self, tstate, code, data, t).
+ *   resume  PY_RESUME / PY_THROW, on any thread: the record is unparked, t - (time of
+ *           suspension) is added to its sleep, gen_resume(self, tstate, code, data, t) runs on
+ *           the resuming thread (tstate), then the record is pushed onto that thread's stack.
+ *   exit    PY_RETURN / PY_UNWIND of the record's frame, or the slow exit path
+ *           (FLAG_UNFINISHED): the claim is taken off the record, then
+ *           gen_exit(self, tstate, code, data, t0, t, sleep, exc, flags), with the entry time,
+ *           the exit time and the time spent suspended.
+ *   The hooks are called only while the record still holds its claim (a sweep may have
+ *   delivered it), each claim's exit exactly once.
+ *
+ * No Python object is made per event: a plain function's shadow-stack entry is shared by every
+ * call of it, a generator call's record (from a freelist) and entry data are made once per
+ * call, the timestamps stay C integers. Rules the user must keep:
+ *   - the hooks run no Python code, never release the GIL and never call the engine (so no
+ *     sweep can see the stack between the push and the call); the one exception is the user's
+ *     first call on a thread, which may make its per-thread state through Python (the thread is
+ *     marked busy meanwhile, so a sweep waits for it);
+ *   - returns come newest first on each thread (the engine's rule 2), so a stack suffices for
+ *     plain functions; a generator call's data is its own object and may be resumed (and end)
+ *     on another thread;
+ *   - a claim delivered from Python (the engine's sweep at unregister/stop, collect_parked, the
+ *     end of a thread) calls the user's ordinary retfunc: for a plain function's direct entry
+ *     with the ThreadState of the call's thread as its entry data:
+ *     retfunc(code, None, depth, thread_state, None, None, 0, t, 0, flags) (ThreadState.tid is
+ *     that thread's threading.get_ident()); for a generator's direct record with the record's
+ *     header and its claim's data, as for any record: retfunc(code, frame, depth, data, None,
+ *     exc, t0, t, sleep, flags). The user's suspendfunc/resumefunc are never called for a
+ *     direct record.
  */
 #ifndef RETHOOK_FGRAPH_DIRECT_H
 #define RETHOOK_FGRAPH_DIRECT_H
 
 #include <Python.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #define RH_DIRECT_CAPSULE "rethook.engine.fgraph_direct"
@@ -43,6 +80,53 @@ typedef struct rh_direct {
     int (*entry)(void *self, PyThreadState *tstate, PyObject *code, int64_t t);
     int (*exit)(void *self, PyThreadState *tstate, PyObject *code, int64_t t, PyObject *exc,
                 long flags);
+    /* --- version 2: generators and coroutines (see above). Appended: a capsule of the first
+     * version (no context) has none of these; NULL hooks mean the same. --- */
+    int (*gen_entry)(void *self, PyThreadState *tstate, PyObject *code, int64_t t,
+                     PyObject **data);
+    int (*gen_suspend)(void *self, PyThreadState *tstate, PyObject *code, PyObject *data,
+                       int64_t t);
+    int (*gen_resume)(void *self, PyThreadState *tstate, PyObject *code, PyObject *data,
+                      int64_t t);
+    int (*gen_exit)(void *self, PyThreadState *tstate, PyObject *code, PyObject *data,
+                    int64_t t0, int64_t t, int64_t sleep, PyObject *exc, long flags);
 } rh_direct;
+
+/* The size of the first version's struct (entry and exit only). */
+#define RH_DIRECT_SIZE_V1 (offsetof(rh_direct, gen_entry))
+
+/* The capsule a user offers as ops.direct: its context is the size of the rh_direct the user
+ * was built with, so a core built against a longer struct never reads past the user's. */
+static inline PyObject *
+rh_direct_capsule(rh_direct *d)
+{
+    PyObject *capsule = PyCapsule_New(d, RH_DIRECT_CAPSULE, NULL);
+    if (capsule != NULL &&
+        PyCapsule_SetContext(capsule, (void *)(uintptr_t)sizeof(rh_direct)) < 0) {
+        Py_DECREF(capsule);
+        return NULL;
+    }
+    return capsule;
+}
+
+/* The size of the rh_direct behind a capsule: its context, RH_DIRECT_SIZE_V1 without one. */
+static inline size_t
+rh_direct_size(PyObject *capsule)
+{
+    void *ctx = PyCapsule_GetContext(capsule);
+    if (ctx == NULL) {
+        PyErr_Clear();
+        return RH_DIRECT_SIZE_V1;
+    }
+    return (size_t)(uintptr_t)ctx;
+}
+
+/* Whether the rh_direct d (of size bytes) has the four generator hooks. */
+static inline int
+rh_direct_has_gen(const rh_direct *d, size_t size)
+{
+    return size >= offsetof(rh_direct, gen_exit) + sizeof(d->gen_exit) && d->gen_entry &&
+           d->gen_suspend && d->gen_resume && d->gen_exit;
+}
 
 #endif

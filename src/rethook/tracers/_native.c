@@ -26,6 +26,13 @@
  * its profiler row and children's time. NCall holds a reference to its user, so a user (and
  * its thread states) outlives every record that still carries its data.
  *
+ * The function_graph user also offers direct hooks (engine/fgraph_direct.h), which the C core
+ * calls with C values where it is a function's only user: plain functions' calls keep their
+ * data on the thread's DCall stack (no NCall); generators' and coroutines' calls get the same
+ * NCall as through entryfunc, as their direct record's claim data, and the gen_* hooks share
+ * the handlers' code (graph_claim, graph_call_exit/suspend/resume). Claims delivered from
+ * Python (teardown, collect_parked) still come through retfunc.
+ *
  * Everything runs under the GIL; nothing here releases it.
  */
 #define PY_SSIZE_T_CLEAN
@@ -587,32 +594,40 @@ graph_enter(NUser *u, TState *st, PyObject *code, int64_t t, int kind, long *d, 
         put(st->ring, type, t, code, *d);
 }
 
+/* A graph call enters on thread st at time t (the engine's; made_before: u->made before st was
+ * looked up): its NCall (a new reference), Py_None (new reference) when declined, or NULL with
+ * an error set. Shared by entryfunc and the direct generator entry. */
+static PyObject *
+graph_claim(NUser *u, TState *st, PyObject *code, int64_t t, unsigned long made_before)
+{
+    int kind;
+    int r = graph_admit(u, st, code, &kind);
+    if (r <= 0)
+        return r < 0 ? NULL : Py_NewRef(Py_None);
+    NCall *c = ncall_new(u, st);
+    if (c == NULL)
+        return NULL;
+    if (u->made != made_before)
+        t = c->t0 = fresh_time(u, made_before, t);
+    c->kind = kind;
+    graph_enter(u, st, code, t, kind, &c->d, RH_FUNCGRAPH_ENTRY);
+    return (PyObject *)c;
+}
+
 /* function_graph: entryfunc(code, frame, depth, t) -> NCall or None */
 static PyObject *
 graph_entry(NUser *u, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 4 && bad_args("entryfunc", nargs, 4))
         return NULL;
-    PyObject *code = args[0];
     unsigned long made = u->made;
     TState *st = tstate_of(u);
     if (st == NULL)
         return NULL;
-    int kind;
-    int r = graph_admit(u, st, code, &kind);
-    if (r <= 0)
-        return r < 0 ? NULL : Py_NewRef(Py_None);
     int64_t t;
     if (as_i64(args[3], &t) < 0)
         return NULL;
-    NCall *c = ncall_new(u, st);
-    if (c == NULL)
-        return NULL;
-    if (u->made != made)
-        t = c->t0 = fresh_time(u, made, t);
-    c->kind = kind;
-    graph_enter(u, st, code, t, kind, &c->d, RH_FUNCGRAPH_ENTRY);
-    return (PyObject *)c;
+    return graph_claim(u, st, args[0], t, made);
 }
 
 /* A graph call leaves its thread (returns or suspends): undo what its entry did to the
@@ -760,6 +775,39 @@ direct_unfinished(NUser *u, PyObject *const *args)
     Py_RETURN_NONE;
 }
 
+/* A graph call's return (returned, raised, or delivered unfinished or closed): its nesting
+ * undone and its exit record. Shared by retfunc and the direct generator exit. */
+static int
+graph_call_exit(NUser *u, NCall *c, PyObject *code, int64_t t0, int64_t t1, int64_t sleep,
+                long flags, int raised)
+{
+    TState *st = c->st;
+    if (graph_leave(st, c->kind, c->d))
+        return 0;
+    if (c->t0)
+        t0 = c->t0;
+    return graph_exit_record(u, st, code, c->d, t0, t1, sleep, flags, raised);
+}
+
+/* A graph call suspends at t (its thread is the one it ran on). */
+static inline void
+graph_call_suspend(NUser *u, NCall *c, PyObject *code, int64_t t)
+{
+    TState *st = c->st;
+    if (graph_leave(st, c->kind, c->d))
+        return;
+    if (!u->thresh)
+        put(st->ring, RH_FUNCGRAPH_SUSPEND, t, code, c->d);
+}
+
+/* A graph call resumes at t on thread st (possibly another one than it suspended on). */
+static inline void
+graph_call_resume(NUser *u, TState *st, NCall *c, PyObject *code, int64_t t)
+{
+    c->st = st;
+    graph_enter(u, st, code, t, c->kind, &c->d, RH_FUNCGRAPH_RESUME);
+}
+
 /* function_graph: retfunc(code, frame, depth, data, retval, exc, t0, t1, sleep, flags) */
 static PyObject *
 graph_return(NUser *u, PyObject *const *args, Py_ssize_t nargs)
@@ -771,16 +819,11 @@ graph_return(NUser *u, PyObject *const *args, Py_ssize_t nargs)
     NCall *c = as_call(u, args[3]);
     if (c == NULL)
         return NULL;
-    TState *st = c->st;
-    if (graph_leave(st, c->kind, c->d))
-        Py_RETURN_NONE;
     int64_t t0, t1, sleep, flags;
     if (as_i64(args[6], &t0) < 0 || as_i64(args[7], &t1) < 0 || as_i64(args[8], &sleep) < 0
         || as_i64(args[9], &flags) < 0)
         return NULL;
-    if (c->t0)
-        t0 = c->t0;
-    if (graph_exit_record(u, st, args[0], c->d, t0, t1, sleep, flags, args[5] != Py_None) < 0)
+    if (graph_call_exit(u, c, args[0], t0, t1, sleep, flags, args[5] != Py_None) < 0)
         return NULL;
     Py_RETURN_NONE;
 }
@@ -792,14 +835,10 @@ graph_suspend(NUser *u, PyObject *const *args, Py_ssize_t nargs)
     NCall *c = call_arg(u, "suspendfunc", args, nargs, 5);
     if (c == NULL)
         return NULL;
-    TState *st = c->st;
-    if (graph_leave(st, c->kind, c->d))
-        Py_RETURN_NONE;
     int64_t t;
     if (as_i64(args[4], &t) < 0)
         return NULL;
-    if (!u->thresh)
-        put(st->ring, RH_FUNCGRAPH_SUSPEND, t, args[0], c->d);
+    graph_call_suspend(u, c, args[0], t);
     Py_RETURN_NONE;
 }
 
@@ -816,9 +855,68 @@ graph_resume(NUser *u, PyObject *const *args, Py_ssize_t nargs)
     TState *st = tstate_of(u);
     if (st == NULL)
         return NULL;
-    c->st = st;
-    graph_enter(u, st, args[0], t, c->kind, &c->d, RH_FUNCGRAPH_RESUME);
+    graph_call_resume(u, st, c, args[0], t);
     Py_RETURN_NONE;
+}
+
+/* ---- direct generator hooks (fgraph_direct.h's gen_*): the handlers above, with C values --
+ * The entry data is the same NCall entryfunc makes, so a claim delivered from Python (sweep,
+ * collect_parked, a thread's end) goes through retfunc as any other. */
+
+static int
+direct_gen_entry(void *self, PyThreadState *tstate, PyObject *code, int64_t t, PyObject **data)
+{
+    NUser *u = self;
+    unsigned long made = u->made;
+    TState *st = tstate_in(u, tstate);
+    if (st == NULL)
+        return -1;
+    PyObject *c = graph_claim(u, st, code, t, made);
+    if (c == NULL)
+        return -1;
+    if (c == Py_None) {
+        Py_DECREF(c);
+        return 0;
+    }
+    *data = c;
+    return 1;
+}
+
+static int
+direct_gen_suspend(void *self, PyThreadState *Py_UNUSED(tstate), PyObject *code, PyObject *data,
+                   int64_t t)
+{
+    NUser *u = self;
+    NCall *c = as_call(u, data);
+    if (c == NULL)
+        return -1;
+    graph_call_suspend(u, c, code, t);
+    return 0;
+}
+
+static int
+direct_gen_resume(void *self, PyThreadState *tstate, PyObject *code, PyObject *data, int64_t t)
+{
+    NUser *u = self;
+    NCall *c = as_call(u, data);
+    if (c == NULL)
+        return -1;
+    TState *st = tstate_in(u, tstate);
+    if (st == NULL)
+        return -1;
+    graph_call_resume(u, st, c, code, t);
+    return 0;
+}
+
+static int
+direct_gen_exit(void *self, PyThreadState *Py_UNUSED(tstate), PyObject *code, PyObject *data,
+                int64_t t0, int64_t t, int64_t sleep, PyObject *exc, long flags)
+{
+    NUser *u = self;
+    NCall *c = as_call(u, data);
+    if (c == NULL)
+        return -1;
+    return graph_call_exit(u, c, code, t0, t, sleep, flags, exc != NULL && exc != Py_None);
 }
 
 /* profiler: c goes on top of st's stack, under the call on top (its caller): a hit for code's
@@ -1193,10 +1291,14 @@ NUser_direct(NUser *u, PyObject *Py_UNUSED(ignored))
     u->direct.self = u;
     u->direct.entry = direct_entry;
     u->direct.exit = direct_exit;
+    u->direct.gen_entry = direct_gen_entry;
+    u->direct.gen_suspend = direct_gen_suspend;
+    u->direct.gen_resume = direct_gen_resume;
+    u->direct.gen_exit = direct_gen_exit;
     /* No reference to the user: a capsule is invisible to the GC, so one would make the
      * cycle user -> buffer -> ... -> ops -> capsule -> user uncollectable. The ops object that
      * holds the capsule holds the user too (fgraph_direct.h). */
-    return PyCapsule_New(&u->direct, RH_DIRECT_CAPSULE, NULL);
+    return rh_direct_capsule(&u->direct);
 }
 
 static PyMethodDef NUser_methods[] = {
