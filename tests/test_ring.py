@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gc
 import random
-import sys
 import threading
 
 import pytest
@@ -545,25 +544,3 @@ def test_accounting_survives_concurrent_reconfiguration(seed):
         assert (s.entries, s.read, s.lost) == (0, len(serials), lost.get(s.tid, 0))
         assert s.read + s.lost == s.written <= 30_000
 
-
-def test_a_drain_round_keeps_the_gil_and_gives_the_interval_back():
-    """While a drain round runs the switch interval is ROUND_SWITCH_INTERVAL (the program's
-    waiting threads ask for the GIL later); the program's own interval comes back after it,
-    error or not, and a program's longer one is left alone."""
-    from rethook.buffer import ring
-
-    old = sys.getswitchinterval()
-    try:
-        sys.setswitchinterval(0.005)
-        with ring._round_holds_the_gil():
-            assert sys.getswitchinterval() == pytest.approx(ring.ROUND_SWITCH_INTERVAL)
-        assert sys.getswitchinterval() == pytest.approx(0.005)
-        with pytest.raises(ZeroDivisionError), ring._round_holds_the_gil():
-            1 / 0  # noqa: B018
-        assert sys.getswitchinterval() == pytest.approx(0.005)
-        sys.setswitchinterval(0.5)
-        with ring._round_holds_the_gil():
-            assert sys.getswitchinterval() == pytest.approx(0.5)
-        assert sys.getswitchinterval() == pytest.approx(0.5)
-    finally:
-        sys.setswitchinterval(old)

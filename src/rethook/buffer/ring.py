@@ -86,7 +86,6 @@ from __future__ import annotations
 
 import heapq
 import os
-import sys
 import threading
 import time
 import weakref
@@ -845,7 +844,7 @@ class TraceBuffer:
         order of a round's reads never mattered (each thread's writer runs meanwhile, a round
         is one moment per thread).
         """
-        with self._pipe_lock, _round_holds_the_gil():
+        with self._pipe_lock:
             buffers = self.buffers()
             python = [buf._consume_python() for buf in buffers]
             batches = []
@@ -911,36 +910,6 @@ NativeFeed = Callable[[Any, int, Callable[[CodeType], str]], None]
 
 def _pair_time(pair: tuple[Event, Any]) -> int:
     return pair[0][1]
-
-
-#: The switch interval while a drain round runs (see _round_holds_the_gil): longer than a
-#: round of 4 full rings takes (5-15 ms), short enough that a round that does let the GIL go
-#: (waiting for a lock a program thread holds) gets it back within a few of them.
-ROUND_SWITCH_INTERVAL = 0.02
-
-
-@contextmanager
-def _round_holds_the_gil() -> Iterator[None]:
-    """Keep the GIL for a drain round, once it has it.
-
-    With several CPU-bound program threads, a thread asking for the GIL gets it after one
-    switch interval (5 ms) at best, and after several when the other program threads win the
-    handoffs: 30 to 130 ms were measured with 4 threads, while the rings fill. A round that
-    lost the GIL at each bytecode boundary between two threads' rings (the program threads
-    ask for it again as soon as the round starts) waited that long once per thread. The
-    program threads that wait ask for the GIL only after a whole switch interval: a longer
-    one for the round's duration keeps it with the round, which ends by waiting (letting the
-    GIL go), with the program's interval back. The program cannot see the change: none of its
-    threads runs meanwhile, unless the round waits for a lock one of them holds."""
-    old = sys.getswitchinterval()
-    if old >= ROUND_SWITCH_INTERVAL:
-        yield
-        return
-    sys.setswitchinterval(ROUND_SWITCH_INTERVAL)
-    try:
-        yield
-    finally:
-        sys.setswitchinterval(old)
 
 
 def _native_pending(ring: Any) -> bool:
