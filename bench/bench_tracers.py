@@ -2,9 +2,10 @@
 
     .venv/bin/python bench/bench_tracers.py [--repeat N] [--quick]
 
-function_graph (recording every call into the ring buffer) on the call-heavy workload, and the
-function profiler against cProfile on the mixed workload, each the median of N runs with the
-untraced run interleaved.
+function_graph (recording every call into the ring buffer) on the call-heavy workload and on
+generator expressions (per event: entry, suspend, resume, exit), and the function profiler
+against cProfile on the mixed workload, each the median of N runs with the untraced run
+interleaved.
 """
 
 from __future__ import annotations
@@ -32,11 +33,11 @@ def main() -> None:
           f"median of {args.repeat}")
     state: dict = {}
 
-    def graph_on(native_users: bool = True):
+    def graph_on(native_users: bool = True, functions: str = "workloads.fib"):
         fs = state["fs"] = Tracefs()
         fs.ctx.native_users = native_users
         fs.write("buffer_size_kb", "65536")
-        fs.write("set_ftrace_filter", "workloads.fib")
+        fs.write("set_ftrace_filter", functions)
         fs.write("current_tracer", "function_graph")
         state["users"] = type(fs.tracer.ops).__name__
 
@@ -53,6 +54,13 @@ def main() -> None:
     if state["users"] != "GraphOps":  # the native user ran: show the Python one beside it
         compare("(a) function_graph, Python users", workloads.run_calls, (n,),
                 lambda: graph_on(False), graph_off, args.repeat, calls)
+
+    rounds = 50_000 if args.quick else 200_000
+    events = rounds * workloads.GENERATOR_EVENTS
+    compare("(a) function_graph, generator events", workloads.run_generators, (rounds,),
+            lambda: graph_on(functions="workloads.run_generators*"), graph_off, args.repeat,
+            events)
+    print(f"    {rounds:,} generator expressions, {events:,} events (ns/call: per event)")
 
     def prof_on(native_users: bool = True):
         fs = state["fs"] = Tracefs()

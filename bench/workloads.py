@@ -24,6 +24,18 @@ def fib_calls(n: int) -> int:
     return b if n else 1
 
 
+def run_generators(n: int = 200_000) -> int:
+    """n generator expressions run to their end: each is 8 function_graph events (entry, 3
+    suspends, 3 resumes, exit)."""
+    hits = 0
+    for _ in range(n):
+        hits += any(x > 5 for x in (1, 2, 3))
+    return hits
+
+
+GENERATOR_EVENTS = 8  # per run_generators round
+
+
 # --- (b) mixed object-oriented --------------------------------------------------------------
 class Account:
     __slots__ = ("owner", "balance", "history")
