@@ -796,3 +796,37 @@ def test_the_suite_on_the_other_core(tmp_path):
     tail = out.stdout[-6000:] + out.stderr[-3000:]
     assert f"RETHOOK-CORE-USED: {other}" in out.stdout, tail
     assert out.returncode == 0, tail
+
+
+# --- the drain's rounds ---------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["c", "python"])
+def test_drain_rounds_on_both_cores(kind):
+    """drain_wait(seconds, first) sleeps and takes the GIL back; with ``first`` on the C core
+    the program's threads hand it over at their next callback until drain_end(). A thread
+    making hooked calls while rounds open and close goes on to its end."""
+    if kind == "c" and not select.c_core_available():
+        pytest.skip("the C core is not built")
+    core = select.choose_core(kind)
+    with pytest.raises(TypeError):
+        core.drain_wait(0.001)  # type: ignore[call-arg]
+    engine = Engine(core=core)
+    ops = FgraphOps(lambda *a: True, lambda *a: None, filter="programs.calls.leaf")
+    engine.register_ftrace_graph(ops)
+    done = threading.Event()
+
+    def busy() -> None:
+        for _ in range(20000):
+            calls.leaf(1)
+        done.set()
+
+    try:
+        worker = threading.Thread(target=busy)
+        worker.start()
+        while not done.is_set():
+            core.drain_wait(0.0002, True)
+            calls.leaf(2)  # (the drain's own thread is not held back by its round)
+        core.drain_end()
+        worker.join()
+    finally:
+        engine.unregister_ftrace_graph(ops)
+    assert done.is_set()

@@ -386,6 +386,57 @@ def test_loss_is_counted_never_silent(tmp_path: Path) -> None:
     assert shown == lost
 
 
+THREADED_CALLS = """\
+import sys
+import threading
+
+
+def work(i):
+    return i
+
+
+def squares(n):
+    yield from (i * i for i in range(n))
+
+
+def run(k):
+    total = 0
+    for i in range(20000):
+        total += work(i)
+        if i % 1000 == 0:
+            total += sum(squares(3))
+    sys.stdout.write(f"{k} {total}\\n")  # (one write: print's pieces may interleave)
+
+
+threads = [threading.Thread(target=run, args=(k,)) for k in range(4)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+"""
+
+
+@pytest.mark.parametrize("buffer_kb", [None, "4"])
+def test_threads_writing_at_once_are_all_counted(tmp_path: Path, buffer_kb: str | None) -> None:
+    """Four threads writing records at once (the drain's rounds then come first: the threads
+    hand the GIL over at their next callback): the program's output is its own, and every
+    entry and exit is in the file or counted lost, with a tiny buffer too."""
+    prog = tmp_path / "threaded.py"
+    prog.write_text(THREADED_CALLS)
+    plain = subprocess.run([sys.executable, str(prog)], capture_output=True, text=True)
+    out = tmp_path / "t.dat"
+    r = rethook("record", *(["-b", buffer_kb] if buffer_kb else []), "-o", str(out),
+                str(prog))
+    assert (r.returncode, sorted(r.stdout.splitlines())) == \
+        (0, sorted(plain.stdout.splitlines())), r.stderr
+    (summary,) = [line for line in r.stderr.splitlines() if SUMMARY.match(line)]
+    events, lost = (int(n.replace(",", "")) for n in SUMMARY.match(summary).groups()[:2])
+    # run and work: an entry and an exit each; squares and its generator expression, 20
+    # times: an entry, 3 suspends, 3 resumes and an exit each
+    per_thread = 2 * (1 + 20000) + 20 * 2 * 8
+    assert events + lost == 4 * per_thread
+
+
 def test_stream_prints_live(tmp_path: Path) -> None:
     r = rethook("stream", "-l", "helper.*", "golden.py")
     assert r.returncode == 0, r.stderr

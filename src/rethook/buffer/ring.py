@@ -127,6 +127,9 @@ PIPE_POLL_SECONDS = 0.05
 #: wakes, a CPU-bound program keeps the GIL for up to a switch interval (5 ms) more: the
 #: ring must hold what the program makes in both (the recorder's first read of a call storm).
 NATIVE_PIPE_POLL_SECONDS = 0.001
+#: How recent a thread's native records must be for it to count as writing: with two or more
+#: such threads the drain's rounds come first (TracePipe.read_or_feed, engine/_ccore.c)
+WRITERS_SECONDS = 0.1
 
 # Where appends go while tracing is off: a deque that keeps nothing, so a cached append
 # stays valid and costs the same whether or not tracing is on.
@@ -224,6 +227,7 @@ class ThreadBuffer:
         "_drop_base",
         "_dropped",
         "_read_pos",
+        "_fed_at",
         "_clear_seq",
         "_floor",
         "_consumed",
@@ -253,6 +257,7 @@ class ThreadBuffer:
         self._floor = 0  # events below this are gone (resize, overwrite switched off)
         self._consumed = 0
         self._native = None  # the thread's C ring (a _cring.Ring), once native_local made it
+        self._fed_at = 0.0  # time.monotonic() of the last drain round that fed its ring
         self.append, self._retarget = _make_writer(self._slow)
         with self._lock:
             self._poke()
@@ -618,6 +623,7 @@ class TraceBuffer:
         self._native_capacity = _native.native_capacity(size_kb)
         self._name_of: _native.NameOf = _native.default_name_of
         self._poll_seconds = PIPE_POLL_SECONDS  # NATIVE_PIPE_POLL_SECONDS once a ring exists
+        self._writers = 0  # threads whose native records a round fed in WRITERS_SECONDS
         _live_buffers.add(self)
 
     # -- writers --------------------------------------------------------------------------
@@ -849,13 +855,16 @@ class TraceBuffer:
             python = [buf._consume_python() for buf in buffers]
             batches = []
             fed = False
+            now = time.monotonic()
             for buf, items in zip(buffers, python, strict=True):
                 ring = buf._native
                 if not items and ring is not None and _native_pending(ring):
                     feed(ring, buf.tid, self._name_of)
                     fed = True
+                    buf._fed_at = now
                 elif batch := buf._consume_native(items):
                     batches.append(batch)
+            self._writers = sum(now - buf._fed_at < WRITERS_SECONDS for buf in buffers)
         if fed and not batches:
             return None
         return _merge_threads(batches)
@@ -969,14 +978,23 @@ class TracePipe:
         assert items is not None
         return items
 
-    def read_or_feed(self, timeout: float | None, feed: NativeFeed) -> list[Event | Lost] | None:
+    def read_or_feed(self, timeout: float | None, feed: NativeFeed,
+                     wait: Callable[[float, bool], None] | None = None
+                     ) -> list[Event | Lost] | None:
         """:meth:`read`, except that the native records of each thread that has nothing else
         go to ``feed(ring, tid, name_of)``, which consumes the ring (a trace writer's
-        ``write_native``); None when that was the whole round. [] on timeout or close."""
-        return self._poll(lambda: self._buffer._consume_or_feed(feed), timeout)
+        ``write_native``); None when that was the whole round. [] on timeout or close.
+
+        ``wait(seconds, first)``, if given, is how the reader waits between two polls of
+        native rings (the engine core's ``drain_wait``): ``first`` when two or more threads
+        wrote native records in the last WRITERS_SECONDS; the next round then has the GIL
+        ahead of the program's threads. A wait for Python rings is woken by their writers,
+        as :meth:`read`'s is."""
+        return self._poll(lambda: self._buffer._consume_or_feed(feed), timeout, wait)
 
     def _poll(self, consume: Callable[[], list[Event | Lost] | None],
-              timeout: float | None) -> list[Event | Lost] | None:
+              timeout: float | None, native_wait: Callable[[float, bool], None] | None = None
+              ) -> list[Event | Lost] | None:
         """Call ``consume`` until it gives something (items, or None: fed), the timeout
         passes or the pipe is closed ([])."""
         buffer = self._buffer
@@ -991,7 +1009,11 @@ class TracePipe:
                 if remaining <= 0:
                     break
                 wait = min(wait, remaining)
-            buffer._wait(wait)
+            if native_wait is not None and wait <= NATIVE_PIPE_POLL_SECONDS:
+                # (a close is seen by the next poll, a millisecond on)
+                native_wait(wait, buffer._writers >= 2)
+            else:
+                buffer._wait(wait)
         return []
 
     def __iter__(self) -> Iterator[Event | Lost]:

@@ -48,6 +48,9 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <time.h>
 
@@ -108,6 +111,113 @@ static Py_ssize_t park_limit = 1024;
 /* Discovery (set_discovery): the registry's hook or NULL (off), its id(code) dict, core._disabled
  * and sys.monitoring.DISABLE. */
 static PyObject *discover_hook, *known_ids, *disabled_ids, *monitoring_disable;
+
+/* ---------------------------------------------------------------------------------------- */
+/* The drain's turn at the GIL                                                               */
+
+/* The recorder's drain writes the native rings out while holding the GIL (rethook/buffer/
+ * _tfenc.c). Each time it asks for the GIL back, a CPU-bound program thread keeps it a switch
+ * interval (5 ms), and with several program threads waiting the drain wins one handoff in
+ * several: 30 to 130 ms were measured between its rounds with 4 threads, and rounds that lost
+ * the GIL midway took 10 to 70 ms, while each thread's ring filled past its size. So when
+ * two or more threads write records, a drain round has the GIL first: drain_wait() sleeps,
+ * then opens a round (until drain_end(), the next drain_wait(), or ROUND_MAX_NS at most) and
+ * takes the GIL back. (With one thread the drain waits one switch interval at most, which the
+ * ring absorbs; rounds that came first would only be smaller and more: sqlglot's whole run
+ * took 15% longer.) While a round is open a
+ * program thread entering a callback hands the GIL over (GIVE_WAY: once it knows it runs the
+ * program's code, not rethook's, which may hold a lock the drain needs; and before it reads
+ * anything shared, so this is the switch the interpreter could make between two
+ * instructions), lets the waiting threads take it, and asks for it again. While the drain
+ * holds the GIL the program's threads wait anyway: they give it up only when the drain wants
+ * it. */
+static int64_t round_until; /* __atomic: CLOCK_MONOTONIC ns the open round ends by; 0: none */
+
+#define ROUND_MAX_NS 50000000 /* a round not closed by then (a drain gone) closes itself */
+#define GIVE_WAY_YIELDS 8     /* sched_yield()s between letting the GIL go and asking again */
+
+static inline int64_t
+mono_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+static void
+give_way(int64_t until)
+{
+    if (mono_ns() >= until) {
+        __atomic_compare_exchange_n(&round_until, &until, 0, 0, __ATOMIC_RELAXED,
+                                    __ATOMIC_RELAXED);
+        return;
+    }
+    PyThreadState *ts = PyEval_SaveThread();
+    for (int i = 0; i < GIVE_WAY_YIELDS; i++)
+        sched_yield();
+    PyEval_RestoreThread(ts);
+}
+
+/* In every callback, once the thread is known not to be busy: one relaxed load. */
+#define GIVE_WAY()                                                          \
+    do {                                                                    \
+        int64_t until_ = __atomic_load_n(&round_until, __ATOMIC_RELAXED);   \
+        if (until_ != 0)                                                    \
+            give_way(until_);                                               \
+    } while (0)
+
+/* A fork child has no drain (a round open then is the parent's). */
+static void
+round_after_fork(void)
+{
+    __atomic_store_n(&round_until, 0, __ATOMIC_RELAXED);
+}
+
+PyDoc_STRVAR(drain_wait_doc,
+"drain_wait(seconds, first) -> None\n\
+\n\
+Close the open drain round, sleep `seconds` without the GIL, then take the GIL back.\n\
+With `first` true, open a round before: until drain_end() (or the next drain_wait())\n\
+the program's threads hand the GIL over at their next callback whenever they have it.\n\
+For the thread that writes the program's records out (the recorder's drain).");
+
+static PyObject *
+drain_wait(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "drain_wait() takes 2 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    double s = PyFloat_AsDouble(args[0]);
+    if (s == -1.0 && PyErr_Occurred())
+        return NULL;
+    int first = PyObject_IsTrue(args[1]);
+    if (first < 0)
+        return NULL;
+    __atomic_store_n(&round_until, 0, __ATOMIC_RELAXED);
+    Py_BEGIN_ALLOW_THREADS
+    if (s > 0) {
+        struct timespec d = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+        while (nanosleep(&d, &d) != 0 && errno == EINTR) {
+        }
+    }
+    if (first)
+        __atomic_store_n(&round_until, mono_ns() + ROUND_MAX_NS, __ATOMIC_RELEASE);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(drain_end_doc,
+"drain_end() -> None\n\
+\n\
+Close the open drain round (see drain_wait).");
+
+static PyObject *
+drain_end(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(arg))
+{
+    __atomic_store_n(&round_until, 0, __ATOMIC_RELAXED);
+    Py_RETURN_NONE;
+}
 
 
 /* ---------------------------------------------------------------------------------------- */
@@ -1512,6 +1622,7 @@ on_start(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
             stash_error(&pending);
         return finish(pending);
     }
+    GIVE_WAY();
     if (!sweeping) {
         const Slot *fs = lookup(code);
         if (fs == NULL)
@@ -1686,6 +1797,7 @@ on_return(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     PyObject *ts = exit_state(tstate, &pending);
     if (ts == NULL)
         return finish(pending);
+    GIVE_WAY();
     if (!sweeping && (direct_return(tstate, ts, code, NULL, &pending) ||
                       gen_direct_return(tstate, ts, NULL, &pending)))
         return finish(pending);
@@ -1794,6 +1906,7 @@ on_unwind(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     PyObject *ts = exit_state(tstate, &pending);
     if (ts == NULL)
         return finish(pending);
+    GIVE_WAY();
     PyObject *stack = SLOT(ts, ts_stack);
     if (rec_item(PyList_GET_ITEM(stack, PyList_GET_SIZE(stack) - 1), REC_KEY) != code &&
         lookup(code) == NULL)
@@ -1865,6 +1978,7 @@ on_yield(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     PyObject *ts = exit_state(tstate, &pending);
     if (ts == NULL)
         return finish(pending);
+    GIVE_WAY();
     if (!sweeping && gen_direct_yield(tstate, ts, &pending))
         return finish(pending);
     Py_INCREF(ts);
@@ -1946,6 +2060,7 @@ on_resume(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     }
     if (ts_is_busy(ts))
         Py_RETURN_NONE;
+    GIVE_WAY();
     /* A frame with no frame object is no parked record's key (a record holds its frame, which
      * stays its interpreter frame's own): nothing to unpark, and no frame object is made (a
      * PY_THROW into any frame). */
@@ -2279,6 +2394,8 @@ ignore(PyObject *Py_UNUSED(module), PyObject *const *Py_UNUSED(args),
 }
 
 static PyMethodDef methods[] = {
+    {"drain_wait", (PyCFunction)(void (*)(void))drain_wait, METH_FASTCALL, drain_wait_doc},
+    {"drain_end", drain_end, METH_NOARGS, drain_end_doc},
     {"on_start", (PyCFunction)(void (*)(void))on_start, METH_FASTCALL,
      "PY_START callback (code, offset)."},
     {"on_return", (PyCFunction)(void (*)(void))on_return, METH_FASTCALL,
@@ -2391,6 +2508,9 @@ PyInit__ccore(void)
     }
     if (PyType_Ready(&TSGuard_Type) < 0)
         return NULL;
+    static int atfork_set;
+    if (!atfork_set && pthread_atfork(NULL, NULL, round_after_fork) == 0)
+        atfork_set = 1;
     list_sq_item = PyList_Type.tp_as_sequence->sq_item;
     list_mp_subscript = PyList_Type.tp_as_mapping->mp_subscript;
     list_mp_ass_subscript = PyList_Type.tp_as_mapping->mp_ass_subscript;

@@ -104,6 +104,7 @@ from __future__ import annotations
 import enum
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from types import CodeType, FrameType
@@ -1010,6 +1011,19 @@ class PyCore:
     @staticmethod
     def parked() -> dict[FrameType, list]:
         return _parked
+
+    @staticmethod
+    def drain_wait(seconds: float, first: bool) -> None:
+        """Sleep ``seconds`` without the GIL, then take it back, for the thread that writes
+        the program's records out (the recorder's drain) between two rounds. With ``first``
+        the C core's runs the round that follows ahead of the program's threads (they hand
+        the GIL over at their next callback) until :meth:`drain_end`; this one waits its turn
+        like any thread."""
+        time.sleep(seconds)
+
+    @staticmethod
+    def drain_end() -> None:
+        """End the round :meth:`drain_wait` began (nothing to do here)."""
 
     @staticmethod
     def after_fork_in_child() -> None:

@@ -60,6 +60,8 @@ if _ccore is not None:
         set_max_depth = staticmethod(_ccore.set_max_depth)
         set_sweeping = staticmethod(_ccore.set_sweeping)
         set_overflow = staticmethod(_ccore.set_overflow)
+        drain_wait = staticmethod(_ccore.drain_wait)
+        drain_end = staticmethod(_ccore.drain_end)
 else:
     CCore = None  # type: ignore[assignment,misc]
 

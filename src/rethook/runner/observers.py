@@ -106,6 +106,8 @@ class _Drain(Observer):
                     exits.check_signals()  # a fatal signal the main thread did not handle
         except BaseException as e:  # noqa: BLE001 - reported by finish(), in the main thread
             self.error = e
+        finally:
+            self.fs.ctx.engine.core.drain_end()  # (a round the last wait began: see _ccore.c)
 
     # The at-fork hooks and stop() run in the program's threads, with tracing on: what they
     # do is rethook's work, not the program's.
@@ -229,7 +231,7 @@ class Recorder(_Drain):
     def _round(self, pipe: Any, timeout: float) -> bool:
         if not FUSED_DRAIN:
             return super()._round(pipe, timeout)
-        items = pipe.read_or_feed(timeout, self._feed)
+        items = pipe.read_or_feed(timeout, self._feed, self.fs.ctx.engine.core.drain_wait)
         if items:
             self.consume(items)
         return items is None or bool(items)
