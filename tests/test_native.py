@@ -329,10 +329,16 @@ def test_no_leaks_over_many_runs(on_c_core):
         finally:
             fs.close()
 
+    assert_flat(once, code, 20)
+
+
+def assert_flat(once, code, runs: int) -> None:
+    """``once()`` once to warm up, then ``runs`` times more: ``code``'s references and the
+    number of objects the GC tracks stay where they were."""
     once()
     gc.collect()
     before = sys.getrefcount(code), len(gc.get_objects())
-    for _ in range(20):
+    for _ in range(runs):
         once()
     gc.collect()
     after = sys.getrefcount(code), len(gc.get_objects())

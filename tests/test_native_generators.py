@@ -13,7 +13,6 @@ registering and unregistering while others run generators, no leaks.
 import asyncio
 import gc
 import queue
-import sys
 import threading
 
 import pytest
@@ -36,7 +35,7 @@ from rethook.engine.core import (
 )
 from rethook.tracers import native
 from rethook.tracers.function_graph import GraphOps, NativeGraphOps
-from test_native import _dispatch_of
+from test_native import _dispatch_of, assert_flat
 from test_tracers import normalise
 
 pytestmark = pytest.mark.skipif(native._native is None, reason="the native users are not built")
@@ -493,15 +492,7 @@ def test_no_leaks_with_direct_records(on_c_core):
         finally:
             fs.close()
 
-    once()
-    gc.collect()
-    before = sys.getrefcount(code), len(gc.get_objects())
-    for _ in range(5):
-        once()
-    gc.collect()
-    after = sys.getrefcount(code), len(gc.get_objects())
-    assert after[0] == before[0]
-    assert after[1] - before[1] < 200
+    assert_flat(once, code, 5)
     assert sum(1 for o in gc.get_objects() if type(o) is DirectRecord) <= 32
 
 
