@@ -496,20 +496,46 @@ drec_sq_item(PyObject *self, Py_ssize_t i)
     return list_sq_item(self, i);
 }
 
+/* The time field an item names (an index; negative ones count from the end): 1 and *field;
+ * 0, not one (not an index, or another item); -1 with an error. */
+static int
+drec_time_item(PyObject *self, PyObject *item, int64_t **field)
+{
+    if (!PyIndex_Check(item))
+        return 0;
+    Py_ssize_t i = PyNumber_AsSsize_t(item, PyExc_IndexError);
+    if (i == -1 && PyErr_Occurred())
+        return -1;
+    if (i < 0)
+        i += PyList_GET_SIZE(self);
+    if (!drec_is_time(i) || i >= PyList_GET_SIZE(self))
+        return 0;
+    *field = drec_field((DRecord *)self, i);
+    return 1;
+}
+
+/* op(a plain copy of the record, its times as ints): for what reads the whole record. */
+static PyObject *
+drec_on_copy(PyObject *self, PyObject *(*op)(PyObject *))
+{
+    PyObject *copy = drec_snapshot(self);
+    if (copy == NULL)
+        return NULL;
+    PyObject *r = op(copy);
+    Py_DECREF(copy);
+    return r;
+}
+
 static PyObject *
 drec_subscript(PyObject *self, PyObject *item)
 {
-    if (PyIndex_Check(item)) {
-        Py_ssize_t i = PyNumber_AsSsize_t(item, PyExc_IndexError);
-        if (i == -1 && PyErr_Occurred())
-            return NULL;
-        if (i < 0)
-            i += PyList_GET_SIZE(self);
-        if (drec_is_time(i) && i < PyList_GET_SIZE(self))
-            return PyLong_FromLongLong(*drec_field((DRecord *)self, i));
+    int64_t *field;
+    int r = drec_time_item(self, item, &field);
+    if (r != 0)
+        return r < 0 ? NULL : PyLong_FromLongLong(*field);
+    if (PyIndex_Check(item))
         return list_mp_subscript(self, item);
-    }
-    PyObject *copy = drec_snapshot(self);
+    PyObject *copy = drec_snapshot(self); /* a slice */
     if (copy == NULL)
         return NULL;
     PyObject *v = PyObject_GetItem(copy, item);
@@ -520,19 +546,16 @@ drec_subscript(PyObject *self, PyObject *item)
 static int
 drec_ass_subscript(PyObject *self, PyObject *item, PyObject *value)
 {
-    if (value != NULL && PyIndex_Check(item)) {
-        Py_ssize_t i = PyNumber_AsSsize_t(item, PyExc_IndexError);
-        if (i == -1 && PyErr_Occurred())
+    int64_t *field;
+    int r = value != NULL ? drec_time_item(self, item, &field) : 0;
+    if (r < 0)
+        return -1;
+    if (r) {
+        long long v = PyLong_AsLongLong(value);
+        if (v == -1 && PyErr_Occurred())
             return -1;
-        if (i < 0)
-            i += PyList_GET_SIZE(self);
-        if (drec_is_time(i) && i < PyList_GET_SIZE(self)) {
-            long long v = PyLong_AsLongLong(value);
-            if (v == -1 && PyErr_Occurred())
-                return -1;
-            *drec_field((DRecord *)self, i) = v;
-            return 0;
-        }
+        *field = v;
+        return 0;
     }
     return list_mp_ass_subscript(self, item, value);
 }
@@ -540,23 +563,13 @@ drec_ass_subscript(PyObject *self, PyObject *item, PyObject *value)
 static PyObject *
 drec_iter(PyObject *self)
 {
-    PyObject *copy = drec_snapshot(self);
-    if (copy == NULL)
-        return NULL;
-    PyObject *it = PyObject_GetIter(copy);
-    Py_DECREF(copy);
-    return it;
+    return drec_on_copy(self, PyObject_GetIter);
 }
 
 static PyObject *
 drec_repr(PyObject *self)
 {
-    PyObject *copy = drec_snapshot(self);
-    if (copy == NULL)
-        return NULL;
-    PyObject *r = PyObject_Repr(copy);
-    Py_DECREF(copy);
-    return r;
+    return drec_on_copy(self, PyObject_Repr);
 }
 
 static int
@@ -676,13 +689,7 @@ static inline PyObject *
 frame_peek(PyThreadState *tstate)
 {
 #if RH_HAVE_IFRAME
-#if PY_VERSION_HEX >= 0x030D0000
-    _PyInterpreterFrame *f = tstate->current_frame;
-#else
-    _PyInterpreterFrame *f = tstate->cframe->current_frame;
-#endif
-    while (f != NULL && _PyFrame_IsIncomplete(f)) /* PyEval_GetFrame()'s frame */
-        f = f->previous;
+    _PyInterpreterFrame *f = rh_running_frame(tstate);
     return f != NULL ? (PyObject *)f->frame_obj : NULL;
 #else
     (void)tstate;

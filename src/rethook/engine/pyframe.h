@@ -35,6 +35,30 @@
 #define RH_HAVE_IFRAME 0
 #endif
 
+#if RH_HAVE_IFRAME
+/* The first complete frame from f on, skipping the C-stack shims between frames (the rule of
+ * PyEval_GetFrame() and PyFrame_GetBack()), or NULL. */
+static inline _PyInterpreterFrame *
+rh_complete_frame(_PyInterpreterFrame *f)
+{
+    while (f != NULL && _PyFrame_IsIncomplete(f))
+        f = f->previous;
+    return f;
+}
+
+/* The frame running on tstate (PyEval_GetFrame()'s: in a callback, the frame that fired the
+ * event), or NULL. */
+static inline _PyInterpreterFrame *
+rh_running_frame(PyThreadState *tstate)
+{
+#if PY_VERSION_HEX >= 0x030D0000
+    return rh_complete_frame(tstate->current_frame);
+#else
+    return rh_complete_frame(tstate->cframe->current_frame);
+#endif
+}
+#endif
+
 /* The caller of the function running on tstate: *code gets a new reference to its code (NULL
  * when there is none: the outermost frame), and *where its line (*is_offset 0), or where
  * computing the line is left to the reader, its instruction offset in bytes (*is_offset 1:
@@ -46,18 +70,10 @@ rh_caller(PyThreadState *tstate, PyObject **code, int *where, int *is_offset)
     *where = 0;
     *is_offset = 0;
 #if RH_HAVE_IFRAME
-#if PY_VERSION_HEX >= 0x030D0000
-    _PyInterpreterFrame *f = tstate->current_frame;
-#else
-    _PyInterpreterFrame *f = tstate->cframe->current_frame;
-#endif
-    while (f != NULL && _PyFrame_IsIncomplete(f)) /* the callee (PyEval_GetFrame's) */
-        f = f->previous;
+    _PyInterpreterFrame *f = rh_running_frame(tstate); /* the callee */
     if (f == NULL)
         return 0;
-    f = f->previous;
-    while (f != NULL && _PyFrame_IsIncomplete(f)) /* its caller (PyFrame_GetBack's) */
-        f = f->previous;
+    f = rh_complete_frame(f->previous); /* its caller */
     if (f == NULL)
         return 0;
     *code = PyUnstable_InterpreterFrame_GetCode(f); /* a strong reference */
