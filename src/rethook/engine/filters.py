@@ -666,7 +666,7 @@ def _index_for(registry: Registry, pattern: Pattern | None = None) -> _Index:
     """The index of the registry's functions, complete for what ``pattern`` can match
     (None: everything)."""
     module = None if pattern is None else _pattern_module(pattern)
-    registry.functions(None if module is None else _within((module,)))
+    registry.complete(None if module is None else _within((module,)))
     generation = registry.generation
     functions = registry.functions(no_modules)  # what the call above completed
     with _indexes_lock:

@@ -339,7 +339,7 @@ class Registry:
         modules it takes in are all registered first, those of other modules found by a scan
         only once something needs them (they may be missing from the list). None: every one.
         """
-        self._maintain(scope)
+        self.complete(scope)
         listed = self._listed
         if listed is None:
             with self._lock:
@@ -351,6 +351,11 @@ class Registry:
                     )
                     self._listed = listed
         return list(listed)
+
+    def complete(self, scope: Scope | None = None) -> None:
+        """Register every function of the modules ``scope`` takes in (None: all): what
+        :meth:`functions` does before it lists them."""
+        self._maintain(scope)
 
     def modules(self) -> set[str]:
         """Names of the modules that have known functions (or found, not registered yet)."""
