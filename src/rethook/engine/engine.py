@@ -88,7 +88,12 @@ def _untraced(method: Callable) -> Callable:
 
     def wrapper(self: Engine, *args: Any, **kwargs: Any) -> Any:
         with _core.notrace():
-            return method(self, *args, **kwargs)
+            try:
+                return method(self, *args, **kwargs)
+            finally:
+                # functions another thread found while this one held the lock
+                if self._late and not self._lock._is_owned():  # type: ignore[attr-defined]
+                    self._hook_late()
 
     wrapper.__name__ = method.__name__
     wrapper.__qualname__ = method.__qualname__
@@ -241,6 +246,8 @@ class Engine:
         self.max_depth = max_depth
         self.tool_id: int | None = None
         self._lock = threading.RLock()
+        self._late: list[FunctionInfo] = []  # found while another thread held _lock
+        self._late_lock = threading.Lock()  # held only to add to or take _late
         forklocks.hold(self, forklocks.ENGINE)  # not left locked in a fork child
         self._slots: list[_core.Registration | None] = [None] * FGRAPH_ARRAY_SIZE
         self._graph: dict[FgraphOps, _core.Registration] = {}
@@ -456,18 +463,38 @@ class Engine:
     @_untraced
     def _on_new_functions(self, infos: list[FunctionInfo]) -> None:
         """Registry callback (imports, code seen for the first time): hook what existing
-        filters now match. Costs in proportion to the new functions, not to the hooked ones."""
-        with self._lock:
-            if not self.running:
-                return
-            added: dict[int, CodeType] = {}
-            for ops, sel in self._selection.items():
-                for info in infos:
-                    if not _own_code(info) and ops.filter.matches(info):
-                        sel[id(info.code)] = info.code
-                        added[id(info.code)] = info.code
-            if added:
-                self._hook_new(added)
+        filters now match. Costs in proportion to the new functions, not to the hooked ones.
+
+        Code is often seen for the first time inside a callback (discovery), where this
+        thread counts as inside the core: if another thread holds the engine's lock (a sweep
+        may be waiting for this very thread to leave the core), waiting for it could wait
+        forever. The functions then wait in ``_late`` for that thread, which hooks them once
+        its own work is done (``_untraced``); a call of one of them missed meanwhile is
+        re-armed when it is hooked (``_rearm``)."""
+        late = [i for i in infos if not _own_code(i)]  # (own code is never hooked)
+        with self._late_lock:
+            self._late += late
+        self._hook_late()
+
+    def _hook_late(self) -> None:
+        """Hook the functions waiting in ``_late``, if the engine's lock is free (or this
+        thread's): see :meth:`_on_new_functions`."""
+        while self._late and self._lock.acquire(blocking=False):
+            try:
+                with self._late_lock:
+                    infos, self._late = self._late, []
+                if not self.running:
+                    continue
+                added: dict[int, CodeType] = {}
+                for ops, sel in self._selection.items():
+                    for info in infos:
+                        if ops.filter.matches(info):
+                            sel[id(info.code)] = info.code
+                            added[id(info.code)] = info.code
+                if added:
+                    self._hook_new(added)
+            finally:
+                self._lock.release()
 
     # --- building and publishing ----------------------------------------------------------
     def _build(self, only: Iterable[int] | None = None) -> dict[int, tuple[CodeType, int, tuple]]:
@@ -850,8 +877,10 @@ def get_engine() -> Engine:
 
 def _after_fork_child() -> None:
     """The running engine's core keeps the forking thread's state only (the engine's lock is
-    made anew by forklocks, whose hook runs first)."""
+    made anew by forklocks, whose hook runs first; so is the lock of its late functions, which
+    another thread may have held)."""
     if _active is not None:
+        _active._late_lock = threading.Lock()
         _active.core.after_fork_in_child()
 
 
