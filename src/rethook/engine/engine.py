@@ -499,47 +499,62 @@ class Engine:
     # --- building and publishing ----------------------------------------------------------
     def _build(self, only: Iterable[int] | None = None) -> dict[int, tuple[CodeType, int, tuple]]:
         """``id(code) -> (code, local events, dispatch entry)`` for the current users: of every
-        code object they select, or of the ids in ``only``."""
-        entry_users: dict[int, list] = {}
-        graph_users: dict[int, list] = {}
-        codes: dict[int, CodeType] = {}
-        users = [(ops, ereg, entry_users) for ops, ereg in self._entry.items()]
-        users += [(reg.ops, reg, graph_users) for reg in self._slots  # slot order = entry order
+        code object they select, or of the ids in ``only``.
+
+        Codes selected by the same users share everything but their marker and direct entry
+        (see :meth:`_shared_dispatch`): that is worked out once per set of users, so a
+        module's worth of new functions costs a few tuples each."""
+        users = [(ops, ereg, True) for ops, ereg in self._entry.items()]
+        users += [(reg.ops, reg, False) for reg in self._slots  # slot order = entry order
                   if reg is not None]
         keys = None if only is None else list(only)
-        for ops, reg, into in users:
+        codes: dict[int, CodeType] = {}
+        selected_by: dict[int, tuple[int, ...]] = {}  # code -> the indices of its users
+        for i, (ops, _, _) in enumerate(users):
             sel = self._selection[ops]
             for key, code in (sel.items() if keys is None
                               else ((k, sel[k]) for k in keys if k in sel)):
                 codes[key] = code
-                into.setdefault(key, []).append(reg)
-        core = self.core
+                selected_by[key] = selected_by.get(key, ()) + (i,)
+        shared: dict[tuple[int, ...], tuple] = {}
         interned: dict[tuple, tuple] = {}
         out = {}
         for key, code in codes.items():
-            entry = tuple(entry_users.get(key, ()))
-            graph = tuple(graph_users.get(key, ()))
-            flags = GENERATOR | WANT_FRAME if code.co_flags & SUSPENDING else 0
-            wants_frame = (any(e.ops.wants_frame for e in entry)
-                           or any(r.ops.wants_frame for r in graph))
-            if wants_frame:
-                flags |= WANT_FRAME
-            if any(r.ops.wants_time for r in graph):
-                flags |= WANT_TIME
-            marker = make_marker(code) if graph and not flags & GENERATOR else None
-            mask = core.LOCAL_CALL_EVENTS | (core.LOCAL_RETURN_EVENTS if graph else 0)
-            direct = None
-            # One graph user written in C, alone, wanting no frame: its direct hooks
-            # (engine/fgraph_direct.h). A plain function's calls share the direct entry; a
-            # generator's or coroutine's each get a direct record (the core keeps the frame
-            # it parks them by: WANT_FRAME stays on), or ordinary records when the user's
-            # capsule has no generator hooks (the C core decides that when it publishes).
-            if (core.capabilities.direct_calls and not entry and len(graph) == 1
-                    and not wants_frame and graph[0].ops.direct is not None):
-                direct = make_direct(code, graph[0], graph[0].ops.direct)
+            who = selected_by[key]
+            parts = shared.get(who)
+            if parts is None:
+                parts = shared[who] = self._shared_dispatch([users[i] for i in who])
+            entry, graph, flags, mask, capsule = parts
+            suspending = code.co_flags & SUSPENDING
+            if suspending:
+                flags |= GENERATOR | WANT_FRAME
+            marker = make_marker(code) if graph and not suspending else None
+            direct = make_direct(code, graph[0], capsule) if capsule is not None else None
             dispatch = (entry, graph, flags, marker, direct)
-            out[key] = (code, mask, interned.setdefault(dispatch, dispatch))
+            if marker is None and direct is None:  # nothing of its own: share one tuple
+                dispatch = interned.setdefault(dispatch, dispatch)
+            out[key] = (code, mask, dispatch)
         return out
+
+    def _shared_dispatch(self, users: list[tuple[_Ops, Any, bool]]) -> tuple:
+        """What the dispatch of every code these users select shares: ``(entry users, graph
+        users, flags, local events, direct capsule or None)``."""
+        entry = tuple(reg for _, reg, is_entry in users if is_entry)
+        graph = tuple(reg for _, reg, is_entry in users if not is_entry)
+        wants_frame = any(ops.wants_frame for ops, _, _ in users)
+        flags = (WANT_FRAME if wants_frame else 0) | \
+            (WANT_TIME if any(r.ops.wants_time for r in graph) else 0)
+        mask = self.core.LOCAL_CALL_EVENTS | (self.core.LOCAL_RETURN_EVENTS if graph else 0)
+        # One graph user written in C, alone, wanting no frame: its direct hooks
+        # (engine/fgraph_direct.h). A plain function's calls share the direct entry; a
+        # generator's or coroutine's each get a direct record (the core keeps the frame
+        # it parks them by: WANT_FRAME stays on), or ordinary records when the user's
+        # capsule has no generator hooks (the C core decides that when it publishes).
+        capsule = None
+        if (self.core.capabilities.direct_calls and not entry and len(graph) == 1
+                and not wants_frame and graph[0].ops.direct is not None):
+            capsule = graph[0].ops.direct
+        return entry, graph, flags, mask, capsule
 
     def _draining(self, code: CodeType, dispatch: tuple | None) -> tuple:
         """Dispatch for a function whose return events are going away while calls of it may

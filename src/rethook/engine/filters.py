@@ -41,6 +41,7 @@ from rethook.engine.registry import (
     FunctionInfo,
     Registry,
     Scope,
+    Within,
     default_registry,
     no_modules,
 )
@@ -547,7 +548,7 @@ class FunctionFilter:
                 if module is None:
                     return None
                 modules.append(module)
-        return _within(modules) if modules else None
+        return Within(modules) if modules else None
 
     def pending(self) -> list[str]:
         """Patterns and commands that select nothing yet (their module is not imported)."""
@@ -655,18 +656,11 @@ def _pattern_module(p: Pattern) -> str | None:
     return None if p.module is None or _has_glob(p.module) else p.module
 
 
-def _within(modules: Iterable[str]) -> Scope:
-    """The scope of these modules and their submodules."""
-    exact = frozenset(modules)
-    prefixes = tuple(m + "." for m in exact)
-    return lambda m: m in exact or m.startswith(prefixes)
-
-
 def _index_for(registry: Registry, pattern: Pattern | None = None) -> _Index:
     """The index of the registry's functions, complete for what ``pattern`` can match
     (None: everything)."""
     module = None if pattern is None else _pattern_module(pattern)
-    registry.complete(None if module is None else _within((module,)))
+    registry.complete(None if module is None else Within((module,)))
     generation = registry.generation
     functions = registry.functions(no_modules)  # what the call above completed
     with _indexes_lock:
@@ -692,7 +686,7 @@ class _Resolver:
 
     def check(self, pattern: Pattern) -> None:
         """Raise unless the pattern selects something or may once a module is imported."""
-        if pattern.glob == "*" and pattern.module is None and self.registry.modules():
+        if pattern.glob == "*" and pattern.module is None and self.registry.has_functions():
             return  # it selects every function, and some exist: no need to list them
         if not _index_for(self.registry, pattern).any(pattern) and \
                 not self.may_load_later(pattern):

@@ -8,17 +8,19 @@ are not functions; :meth:`Registry.info` still names them if the engine meets on
 
 Discovery
 ---------
-* Already loaded code: ``gc.get_objects()`` filtered to functions (covers closures, decorated
-  functions and methods), then every code object nested in theirs (``co_consts``), which finds
-  generator expressions, lambdas and inner functions that do not exist as functions yet. What
-  the scan finds is grouped by module and a module's group is registered when someone needs
-  it, all at once (so its names are the same whatever asked first): a listing whose scope
-  takes the module in (:meth:`Registry.functions`; a filter of ``*:mod:__main__`` needs only
-  ``__main__``), or the first run of one of its functions (:meth:`Registry.discover`);
-  subscribers are told, as of an import. The engine hooks only registered functions and
-  leaves the rest to that: a start does not pay for naming and hooking the few thousand
-  functions of the standard library and rethook's CLI loaded by then, even under ``-l '*'``,
-  and those that never run never cost anything.
+* Already loaded code, once a listing needs it (:meth:`Registry.functions`): a scan,
+  ``gc.get_objects()`` filtered to functions (covers closures, decorated functions and
+  methods), then every code object nested in theirs (``co_consts``), which finds generator
+  expressions, lambdas and inner functions that do not exist as functions yet. What the scan
+  finds is grouped by module and a module's group is registered when someone needs it, all at
+  once (so its names are the same whatever asked first): a listing whose scope takes the
+  module in (a filter of ``*:mod:__main__`` needs only ``__main__``), or the first run of one
+  of its functions (:meth:`Registry.discover`); subscribers are told, as of an import. Before
+  any scan, the first run of a function of a loaded module registers what that module's
+  namespace holds instead, as an import does. The engine hooks only registered functions and
+  leaves the rest to that: a start does not pay for finding, naming and hooking the few
+  thousand functions of the standard library and rethook's CLI loaded by then, even under
+  ``-l '*'``, and those that never run never cost anything.
 * Modules imported later: a meta-path finder (first on ``sys.meta_path`` while someone
   subscribes) that finds nothing itself but asks the finders after it, and wraps the loader it
   gets: ``get_code`` (which every source and bytecode loader calls just before running the
@@ -82,8 +84,8 @@ from typing import Any
 from rethook.engine import forklocks
 from rethook.engine.core import notrace
 
-__all__ = ["FunctionInfo", "Registry", "Scope", "default_registry", "code_kind", "is_own_module",
-           "no_modules"]
+__all__ = ["FunctionInfo", "Registry", "Scope", "Within", "default_registry", "code_kind",
+           "is_own_module", "no_modules"]
 
 # co_flags bits (the inspect module has them too, but importing inspect is slow).
 _CO_NEWLOCALS = 0x0002
@@ -205,6 +207,17 @@ def no_modules(module: str) -> bool:
     return False
 
 
+class Within:
+    """The scope of some modules and their submodules (a :data:`Scope` that says which)."""
+
+    def __init__(self, modules: Iterable[str]) -> None:
+        self.modules = frozenset(modules)
+        self._prefixes = tuple(m + "." for m in self.modules)
+
+    def __call__(self, module: str) -> bool:
+        return module in self.modules or module.startswith(self._prefixes)
+
+
 class _Found:
     """What a scan found of one module and has not registered yet: the functions' code as
     ``(code, module, qualname)``, and the code of live generators and coroutines."""
@@ -237,6 +250,7 @@ class Registry:
         self._listed: list[FunctionInfo] | None = None  # sorted cache, rebuilt on demand
         self._subscribers: tuple[Subscriber, ...] = ()
         self._scanned = False
+        self._walked: set[str] = set()  # loaded modules whose namespace discover() registered
         # module -> what a scan found of it and did not register yet (see _scan)
         self._unregistered: dict[str, _Found] = {}
         self._found_in: dict[int, str] = {}  # id(code) of a function found -> its group
@@ -320,13 +334,15 @@ class Registry:
             return False
         with lock:
             new = []
-            if self._unregistered:
-                # code of a module the scan found: its whole group, named as one batch
-                group = self._found_in.get(id(code))
-                if group is None and frame is not None:
-                    group = frame.f_globals.get("__name__")  # (code nested in a function)
-                if isinstance(group, str) and group in self._unregistered:
+            group = self._found_in.get(id(code)) if self._unregistered else None
+            if group is None and frame is not None:
+                group = frame.f_globals.get("__name__")  # (code nested in a function)
+            if isinstance(group, str):
+                if group in self._unregistered:
+                    # code of a module the scan found: its whole group, named as one batch
                     new = _listable(self._register_found(lambda m: m == group))
+                elif not self._scanned and group not in self._walked:
+                    new = self._register_namespace(group)
             if id(code) not in self._by_id:
                 new += self._discover(code, frame)
         self._notify(new)
@@ -361,6 +377,10 @@ class Registry:
         """Names of the modules that have known functions (or found, not registered yet)."""
         self._maintain(no_modules, scan=True)
         return self._modules | self._unregistered.keys()
+
+    def has_functions(self) -> bool:
+        """Whether any function exists: a registered one, or else one a scan finds."""
+        return bool(self._modules) or bool(self.modules())
 
     def __len__(self) -> int:
         return len(self.functions())
@@ -442,7 +462,6 @@ class Registry:
         otherwise ignored, so an import never fails because of one.
         """
         with self._lock:
-            self._ensure_scanned()
             self._subscribers = (*self._subscribers, callback)
             _activate(self)
         done = False
@@ -504,6 +523,18 @@ class Registry:
         entries[id(code)] = _Entry(code, module, qualname or code.co_qualname, kind, self._order)
         return _listable(self._commit(entries))
 
+    def _register_namespace(self, name: str) -> list[FunctionInfo]:
+        """Register what loaded module ``name``'s namespace holds (as :meth:`_on_module_loaded`
+        does after an import), once: discover()'s group for code of a module loaded before
+        anyone scanned. Returns the new listable functions. Caller holds the lock."""
+        self._walked.add(name)
+        mod = sys.modules.get(name)
+        if not isinstance(mod, ModuleType) or is_own_module(name):
+            return []
+        owners: dict[int, tuple[type, str]] = {}
+        return _listable(self._register_functions(
+            _namespace_functions(mod, self._by_id, owners), owners))
+
     def _remember_site(self, code: CodeType, module: str) -> None:
         key = id(code)
         sites = self._sites
@@ -527,7 +558,8 @@ class Registry:
             if scope is no_modules and not scan:
                 pass  # what is registered is all that is asked for
             elif not self._scanned:
-                self._scan()
+                if scan or not self._known_whole(scope):
+                    self._scan()
             elif not self._subscribers and _modules_signature() != self._modules_at_scan:
                 # No import hook is active: catch up on modules loaded since the last scan.
                 self._scan()
@@ -535,9 +567,15 @@ class Registry:
             found += self._scan_pending_namespaces(include_initializing=False)
         self._notify(_listable(found))  # (the engine hooks what its users' filters match)
 
-    def _ensure_scanned(self) -> None:
-        if not self._scanned:
-            self._scan()
+    def _known_whole(self, scope: Scope | None) -> bool:
+        """Whether a scan could find nothing more of the modules ``scope`` takes in: none of
+        them is loaded, but as code :meth:`add_code` registered whole (a script's
+        ``__main__``, the prepared modules of a ``-m`` package). The default filter's scope,
+        at start-up. Caller holds the lock."""
+        if not isinstance(scope, Within) or self._pending_namespaces:
+            return False
+        added = self._added_modules
+        return all(m in added for m in list(sys.modules) if scope(m))
 
     def _scan(self) -> None:
         """Find every live function (and its nested code) not known yet, grouped by module in

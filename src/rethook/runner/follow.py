@@ -264,7 +264,6 @@ def install(follow: Follow, before_exec: Callable[[list[str]], None]) -> None:
     if _originals:
         return
     import _posixsubprocess
-    import subprocess
 
     _wrap(os, "execv", lambda real: lambda path, args: _execve(real, path, args, None))
     _wrap(os, "execve", lambda real: lambda path, args, env: _execve(real, path, args, env))
@@ -273,6 +272,9 @@ def install(follow: Follow, before_exec: Callable[[list[str]], None]) -> None:
             _wrap(os, name, _spawn_wrapper)
     _wrap(os, "system", _system_wrapper)
     _wrap(_posixsubprocess, "fork_exec", _fork_exec_wrapper)
+    # subprocess binds fork_exec when it is imported: imported later, it takes the wrapper
+    # (importing it here would add ~10 ms to every start-up)
+    subprocess = sys.modules.get("subprocess")
     if hasattr(subprocess, "_fork_exec"):
         _wrap(subprocess, "_fork_exec", _fork_exec_wrapper)
 

@@ -383,13 +383,15 @@ def _runner(program: Program, globals_: dict[str, Any]
     ``<frozen runpy>``) are Python's; runpy is handed the code compiled and registered
     already, once the module's parent packages are imported as runpy imports them.
     """
-    import runpy
-
     code, spec = program.code, program.spec
     assert code is not None
+    if spec is None:
+        return (lambda: exec(code, globals_)), code
+    import runpy  # (a script does without: ~1 ms of start-up)
+
     run_main_ = getattr(runpy, "_run_module_as_main", None)
     find = getattr(runpy, "_get_module_details", None)
-    if spec is None or run_main_ is None or find is None:
+    if run_main_ is None or find is None:
         return (lambda: exec(code, globals_)), code
 
     def found(mod_name: str, error: type = ImportError) -> tuple:
