@@ -24,8 +24,9 @@ NOT_FOR_RECORD = ("rethook.probes.events", "rethook.probes.fetch", "rethook.prob
                   "rethook.output", "rethook.cli.reporting", "rethook.cli.listing", "perfetto",
                   "rich")
 #: Standard modules rethook imports only in the commands that use them (click itself imports
-#: some of them on some Pythons: 3.12's uuid imports platform).
-STDLIB_LATER = ("platform", "tempfile")
+#: some of them on some Pythons: 3.12's uuid imports platform). subprocess is the program's to
+#: import: children are followed without it (follow.install).
+STDLIB_LATER = ("platform", "tempfile", "subprocess")
 #: The probe machinery, which a ``-e`` definition loads.
 PROBES = ("rethook.probes.events", "rethook.probes.fetch", "rethook.probes.evfilter")
 
