@@ -30,14 +30,15 @@ from rethook.probes.dynamic import DynamicEvents, ProbeError
 from rethook.tracers import TRACERS
 from rethook.tracers.base import OptionError, TraceContext, Tracer
 from rethook.tracers.commands import Commands
-from rethook.tracers.profiler import FunctionProfiler, FunctionStat
 
 if TYPE_CHECKING:
     from rethook.probes.events import ProbeEvent
+    from rethook.tracers.profiler import FunctionProfiler, FunctionStat
 
-# The text views (rethook.output) and the probe machinery (rethook.probes.events, loaded by
-# the first definition written) are imported where they are used: recording a trace needs
-# neither, and the command line's start-up is a cost every run pays.
+# The text views (rethook.output), the probe machinery (rethook.probes.events, loaded by
+# the first definition written) and the function profiler are imported where they are used:
+# recording a trace needs none of them, and the command line's start-up is a cost every run
+# pays.
 
 
 class TracefsError(ValueError):
@@ -71,7 +72,7 @@ class Tracefs:
         self.ctx = ctx or TraceContext()
         self.tracer: Tracer = TRACERS["nop"]()
         self.commands = Commands(self.ctx, dump=lambda: self.read("trace"))
-        self.profiler = FunctionProfiler()
+        self._profiler: FunctionProfiler | None = None  # (made by the first use: profiler)
         self.dynamic = DynamicEvents(self.ctx)
         self._pipe: TracePipe | None = None
         self._pipe_renderer = None
@@ -109,6 +110,18 @@ class Tracefs:
                               lambda t, a: self._write_enable("events/enable", t,
                                                               list(self.dynamic.events.values()))),
         }
+
+    @property
+    def profiler(self) -> FunctionProfiler:
+        """The function profiler (``function_profile_enabled``, ``trace_stat``)."""
+        if self._profiler is None:
+            from rethook.tracers.profiler import FunctionProfiler
+
+            self._profiler = FunctionProfiler()
+        return self._profiler
+
+    def _profiling(self) -> bool:
+        return self._profiler is not None and self._profiler.enabled
 
     # --- the file interface ---------------------------------------------------------------
     def listdir(self) -> list[str]:
@@ -286,8 +299,8 @@ class Tracefs:
         ops = getattr(self.tracer, "ops", None)
         if ops is not None:
             self.ctx.engine.update(ops)
-        if self.profiler.ops is not None:
-            self.ctx.engine.update(self.profiler.ops)
+        if self._profiler is not None and self._profiler.ops is not None:
+            self.ctx.engine.update(self._profiler.ops)
 
     def _restart(self) -> None:
         """Settings tracers read when they start: restart the current one to apply them.
@@ -299,21 +312,21 @@ class Tracefs:
             except BaseException:
                 self.tracer = TRACERS["nop"]()
                 raise
-        if self.profiler.enabled:
+        if self._profiling():
             self.profiler.stop()
             self.profiler.start(self.ctx)
 
     def _restarted(self, undo: Callable[[], None]) -> None:
         """:meth:`_restart` after a settings change; if that fails, ``undo`` the change and
         restart as things were (the error is raised either way)."""
-        tracer, profiling = self.tracer, self.profiler.enabled
+        tracer, profiling = self.tracer, self._profiling()
         try:
             self._restart()
         except BaseException:
             undo()
             self.tracer = tracer
             self._restart()  # as things were (nop if even that fails)
-            if profiling and not self.profiler.enabled:
+            if profiling and not self._profiling():
                 self.profiler.start(self.ctx)
             raise
 
@@ -509,5 +522,6 @@ class Tracefs:
         self.tracer.stop()
         self.tracer = TRACERS["nop"]()
         self.commands.stop()
-        self.profiler.stop()
+        if self._profiler is not None:
+            self._profiler.stop()
         self.dynamic.stop()

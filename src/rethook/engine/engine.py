@@ -563,7 +563,7 @@ class Engine:
         entry = dispatch[0] if dispatch else ()
         if code.co_flags & SUSPENDING:
             return (entry, (), GENERATOR | WANT_FRAME, None, None)
-        frame = WANT_FRAME if any(e.ops.wants_frame for e in entry) else 0
+        frame = WANT_FRAME if entry and any(e.ops.wants_frame for e in entry) else 0
         return (entry, (), frame, make_marker(code), None)
 
     def _publish(self, table: dict[int, tuple], added: dict[int, tuple] | None = None) -> None:
