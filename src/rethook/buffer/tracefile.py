@@ -27,10 +27,9 @@ import warnings
 import zlib
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from itertools import accumulate, chain, compress, islice, repeat, zip_longest
 from operator import eq, itemgetter, sub
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 from rethook.buffer.events import (
     COMMON_COUNT,
@@ -126,8 +125,7 @@ class TraceFileWarning(UserWarning):
 # -- integer widths -------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class _Width:
+class _Width(NamedTuple):  # (a NamedTuple: a dataclass costs ~1 ms of every start-up)
     code: int  # the byte in the file: size in bytes, | 0x80 when signed
     typecode: str  # the array typecode with that size and signedness
     lo: int

@@ -35,6 +35,7 @@ import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from types import CodeType
+from typing import NamedTuple
 
 from rethook import limits
 from rethook.engine.registry import (
@@ -348,9 +349,9 @@ class _Compiled:
         return self.globs.hit(keys)
 
 
-@dataclass(frozen=True, slots=True)
-class _Entry:
-    """A pattern stored in a hash: an inclusion or (after ``!``) an exclusion."""
+class _Entry(NamedTuple):
+    """A pattern stored in a hash: an inclusion or (after ``!``) an exclusion. (The
+    internal records here are NamedTuples: each dataclass costs ~1 ms of every start-up.)"""
 
     pattern: Pattern
     include: bool
@@ -400,8 +401,7 @@ def _compile_hash(entries: tuple[_Entry, ...]) -> Matcher | None:
     return match_last
 
 
-@dataclass(frozen=True, slots=True)
-class _State:
+class _State(NamedTuple):
     """Everything a write produces, swapped in with one assignment (readers take no lock)."""
 
     filter: tuple[_Entry, ...] = ()

@@ -26,7 +26,6 @@ import sys
 import threading
 import types
 from collections.abc import Callable, Container, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from rethook.engine.core import notrace
@@ -307,13 +306,15 @@ def _local_module(root: str, name: str) -> list[str] | None:
 
 
 # --- running -----------------------------------------------------------------------------------
-@dataclass
 class Outcome:
-    """How the program ended."""
+    """How the program ended (filled in as it ends)."""
 
-    exit_code: int = 0
-    interrupted: bool = False  # an uncaught KeyboardInterrupt: Python exits by SIGINT
-    in_child: bool = False  # this is a forked child of the program that got back here
+    __slots__ = ("exit_code", "interrupted", "in_child")
+
+    def __init__(self) -> None:
+        self.exit_code = 0
+        self.interrupted = False  # an uncaught KeyboardInterrupt: Python exits by SIGINT
+        self.in_child = False  # this is a forked child of the program that got back here
 
 
 def install_main(program: Program) -> dict[str, Any]:
