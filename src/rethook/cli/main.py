@@ -214,15 +214,17 @@ def record(ctx: click.Context, output: str, module: str | None, program: tuple[s
 
 
 def _record(ctx: click.Context, prog: Program, settings: TraceSettings, output: str) -> Outcome:
+    from rethook.engine.core import notrace
     from rethook.runner.observers import Recorder, trace_meta
     from rethook.runner.run import Session
     from rethook.runner.settings import SettingError
 
     fs, filters = _prepare(ctx, prog, settings)
     try:
-        children = _follow("record", settings, filters, output)
-        sections = children.append_sections if children is not None else None
-        recorder = Recorder(output, trace_meta(fs, prog, filters, settings), sections)
+        with notrace():  # rethook's own work: what it calls is not discovered for it
+            children = _follow("record", settings, filters, output)
+            sections = children.append_sections if children is not None else None
+            recorder = Recorder(output, trace_meta(fs, prog, filters, settings), sections)
     except OSError as e:
         fs.close()
         raise click.UsageError(f"-o {output!r}: cannot write: {e.strerror}", ctx) from None

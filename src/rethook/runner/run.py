@@ -57,13 +57,16 @@ class Session:
 
     def begin(self, observers: Sequence[Observer], tracing: bool = True) -> None:
         """Start the observers and the guards of the process's end; tracing on if asked."""
-        self.observers = list(observers)
-        for obs in self.observers:
-            obs.start(self.fs)
-        exits.guard(self._finish_abruptly)
-        if self.children is not None:
-            follow.install(self.children, self._before_exec)
-        os.register_at_fork(after_in_child=self._after_fork_in_child)
+        # rethook's own work: the standard library it calls is not discovered (registered
+        # and hooked, under -l '*') for it; the program's first call of it does that
+        with notrace():
+            self.observers = list(observers)
+            for obs in self.observers:
+                obs.start(self.fs)
+            exits.guard(self._finish_abruptly)
+            if self.children is not None:
+                follow.install(self.children, self._before_exec)
+            os.register_at_fork(after_in_child=self._after_fork_in_child)
         if tracing:
             self.fs.write("tracing_on", "1")
 
