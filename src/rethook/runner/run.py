@@ -196,6 +196,7 @@ def start_in_child(children: Follow, main_code: types.CodeType, dormant: bool = 
         session.dormant = True
         session.begin([], tracing=False)
         return
-    observers = child_observers(children, fs, os.getppid(), "exec", forked=False)
+    with notrace():  # rethook's own work (see begin)
+        observers = child_observers(children, fs, os.getppid(), "exec", forked=False)
     session.begin(observers)
     atexit.register(session.finish)
