@@ -369,11 +369,17 @@ class _Entry(NamedTuple):
 Matcher = Callable[[FunctionInfo], bool]
 
 
+def _match_every(info: FunctionInfo) -> bool:
+    return True
+
+
 def _compile_hash(entries: tuple[_Entry, ...]) -> Matcher | None:
     """One predicate for a whole hash (None when the hash is empty)."""
     if not entries:
         return None
     if all(e.include for e in entries):
+        if any(e.pattern.glob == "*" and e.pattern.module is None for e in entries):
+            return _match_every  # -l '*': no need to look at the function
         free = _GlobSet(e.pattern.glob for e in entries if e.pattern.module is None)
         scoped = tuple(e.compiled for e in entries if e.pattern.module is not None)
 
