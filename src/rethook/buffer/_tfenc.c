@@ -25,29 +25,37 @@
  * The encoding constants are duplicated here and checked against tracefile.py at import
  * (tracefile.py imports this module after defining them).
  *
- * Everything runs under the GIL. Between the first item read and the return no Python code
- * runs (only exact ints, bools, floats and strs are looked at, and the string table is a dict
- * of str keys), so the borrowed references to the events and their items stay valid.
+ * encode_group() runs under the GIL. Between the first item read and the return no Python
+ * code runs (only exact ints, bools, floats and strs are looked at, and the string table is a
+ * dict of str keys), so the borrowed references to the events and their items stay valid.
  *
  * encode_ring() is the fused drain (TraceWriter.write_native): a native ring's records
  * (cring.h) consumed and encoded into event chunks with no event tuple in between, the bytes
  * the tuple path writes (Ring.consume(tid, name_of), then write_events). It names the records
  * first (name_of is Python code, which may write the ring: it runs while the records are
  * still the ring's), then takes them with Ring.consume()'s accounting but leaves them in
- * their slots, and reads them there, batch by batch, into the same column arrays and
- * write_ints() as encode_group(); no Python code runs until every record's references are
- * out of the ring. See the section "The fused drain" below. Its names table may be kept
- * from one call to the next (a NameCache, the writer's): a code's name is fixed for a
- * recording, so name_of then runs once per code rather than once per code per drain round.
+ * their slots. A call of many records then copies them out of the ring into rows of its own
+ * and encodes those with the GIL released (the program runs meanwhile); the others read them
+ * in their slots. Either way the batches go through the same column arrays and write_ints()
+ * as encode_group(), and no Python code runs until every record's references are out of the
+ * ring. See the sections "The fused drain" and "Encoding with the GIL released" below. Its
+ * names table may be kept from one call to the next (a NameCache, the writer's): a code's
+ * name is fixed for a recording, so name_of then runs once per code rather than once per
+ * code per drain round.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <errno.h>
 #include <stdint.h>
 #include <string.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/mman.h>
 #include <sys/uio.h>
+#include <unistd.h>
 
 #include "cring.h" /* the native ring's records, for encode_ring() */
+#include "../engine/drainround.h" /* _ccore's drain round, for encode_ring() */
 
 #if PY_VERSION_HEX < 0x030C0000
 #error "rethook's C trace file encoder needs CPython 3.12 or newer"
@@ -803,20 +811,35 @@ done:
  *      named again, see NameCache). name_of runs Python code, during which
  *      the program may write, overwrite, clear or resize the ring: the pass carries on or
  *      starts again, and ends having looked at every record of [floor, head) with no Python
- *      code run since. It also notes each record's type, by slot.
+ *      code run since. It notes each record's type and names (slots of the table) by ring
+ *      position.
  *   2. take_in_place(): Ring.consume()'s accounting, the records left in their slots.
- *   3. encode_batch() per batch (write_events' slices): the records are read in their slots,
- *      their references taken out as they are read (released at once: the names table
- *      holds every code, so no release frees anything here), strings added to the table as
- *      _encode_strings adds them, the columns encoded, the payload's CRC computed. Nothing
- *      here may run Python code: a writer would release the references still in the slots.
- *   4. the result built, the names released (codes freed now run their weakref callbacks),
- *      or kept in the NameCache for the next call.
- * No copy of the records is made: reading them where they are saves writing and reading
- * again 56 bytes a record, a good part of the ~30 ns a record this takes. The GIL is held
- * throughout: released, it would go to the program, which keeps it a switch interval (5 ms)
- * once the drain thread wants it back, filling the ring meanwhile; and the records in their
- * slots may not be left to a writer anyway. */
+ *   3. A call that lets the GIL go (releases_gil()): copy_rows() copies each record into a
+ *      row of the call's own, its references with it (out of the ring, not released yet:
+ *      the names table holds every code). This is the only pass over the ring, and the only
+ *      per-record work that holds the GIL: the program writes its ring, and releases what
+ *      overwritten slots held, whenever it has the GIL. Then encode_released(): with the
+ *      GIL released, the references counted by code and encode_batch() per batch
+ *      (write_events' slices) from the rows alone -- the columns built, names turned into
+ *      string table indices, the columns encoded, the payload's CRC computed, into one
+ *      output area; with the GIL back, the references dropped, code by code
+ *      (drop_counted()). A batch naming a string the table lacks is left for step 4.
+ *   3'. A call that keeps the GIL: encode_batch() per batch reads the records in their
+ *      slots, their references taken out as they are read (released at once: no release
+ *      frees anything here). Nothing here may run Python code: a writer would release the
+ *      references still in the slots.
+ *   4. with the GIL: the batches left (strings added to the table as _encode_strings adds
+ *      them, batch after batch, so the table's order is the tuple path's), the result built,
+ *      the names released (codes freed now run their weakref callbacks) or kept in the
+ *      NameCache for the next call.
+ * When the GIL is let go, and why only then: see "Encoding with the GIL released". */
+
+/* The fused drain's passes are functions of their own in a profile (each runs once a call) */
+#if defined(__GNUC__)
+#define PASS __attribute__((noinline))
+#else
+#define PASS
+#endif
 
 /* Where the value of a column comes from, in a record */
 enum { S_END, S_TS, S_TID, S_DEPTH, S_CODE, S_PARENT, S_EMPTY, S_CALLTIME, S_OVERRUN,
@@ -867,6 +890,7 @@ is_str_source(int src)
 typedef struct {
     PyObject *name;
     uint64_t index; /* in the writer's string table, or NO_INDEX, or UNCHECKED */
+    PyObject *code; /* the code it names (the table's key holds it), NULL for "" and "?" */
 } Slot;
 
 typedef struct {
@@ -944,6 +968,7 @@ names_add_slot(Names *nm, PyObject *strings, PyObject *name)
     }
     nm->slots[nm->nslots].name = name;
     nm->slots[nm->nslots].index = r == 0 ? index : NO_INDEX;
+    nm->slots[nm->nslots].code = NULL;
     return nm->nslots++;
 }
 
@@ -1056,6 +1081,7 @@ names_add(Names *nm, PyObject *name_of, PyObject *strings, PyObject *code)
     while (nm->keys[j] != NULL)
         j = (j + 1) & nm->mask;
     nm->keys[j] = code; /* the reference taken above */
+    nm->slots[s].code = code;
     nm->vals[j] = s;
     nm->used++;
     nm->last_code = code;
@@ -1138,9 +1164,30 @@ typedef struct {
     Names names;       /* nslots 0: empty (names_init() not run) */
     PyObject *strings; /* the dict the indices are of, or NULL */
     PyObject *name_of; /* what named the codes, or NULL */
-    int busy;          /* an encode_ring() call uses it */
+    int busy;          /* an encode_ring() call uses it (see cache_in_use()) */
+    unsigned busy_gen; /* fork_gen when busy was set */
     int clear_pending; /* clear() was called meanwhile: done when that call ends */
+    int released;      /* that call reads the indices with the GIL released */
+    int forget_set;    /* forget_strings(forget_first) was called meanwhile: done after */
+    uint64_t forget_first;
 } NameCache;
+
+/* Fork children: a call of another thread that was using a NameCache or the scratch memory
+ * when the process forked never ends in the child. fork_gen counts the forks of this process
+ * (pthread_atfork), and what is marked in use is so only for the generation that marked it. */
+static unsigned fork_gen;
+
+static void
+tfenc_after_fork(void)
+{
+    fork_gen++;
+}
+
+static inline int
+cache_in_use(const NameCache *c)
+{
+    return c->busy && c->busy_gen == fork_gen;
+}
 
 /* Drop the names (may run Python code: codes freed). The table is detached first: Python
  * code run meanwhile finds the cache empty. */
@@ -1242,7 +1289,7 @@ static int
 cache_tp_clear(PyObject *self)
 {
     NameCache *c = (NameCache *)self;
-    if (!c->busy) /* always: a cache in use is reachable from the call's arguments */
+    if (!cache_in_use(c)) /* always: a cache in use is reachable from the call's arguments */
         cache_clear(c);
     return 0;
 }
@@ -1273,7 +1320,7 @@ static PyObject *
 cache_clear_meth(PyObject *self, PyObject *Py_UNUSED(ignored))
 {
     NameCache *c = (NameCache *)self;
-    if (c->busy)
+    if (cache_in_use(c))
         c->clear_pending = 1;
     else
         cache_clear(c);
@@ -1285,7 +1332,8 @@ PyDoc_STRVAR(cache_forget_doc,
 \n\
 The string table lost its strings from index first on (deleted: no chunk defines\n\
 them): forget the indices held for them. Names keep their codes; their indices are\n\
-looked up again when next met.");
+looked up again when next met (while encode_ring() reads them with the GIL\n\
+released, when it has them back).");
 
 static PyObject *
 cache_forget_meth(PyObject *self, PyObject *arg)
@@ -1297,7 +1345,15 @@ cache_forget_meth(PyObject *self, PyObject *arg)
         PyErr_SetString(PyExc_ValueError, "forget_strings(): first must be >= 0");
         return NULL;
     }
-    names_forget(&((NameCache *)self)->names, (uint64_t)first);
+    NameCache *c = (NameCache *)self;
+    if (cache_in_use(c) && c->released) { /* another thread: the call reads the indices */
+        if (!c->forget_set || (uint64_t)first < c->forget_first)
+            c->forget_first = (uint64_t)first;
+        c->forget_set = 1;
+    }
+    else {
+        names_forget(&c->names, (uint64_t)first);
+    }
     Py_RETURN_NONE;
 }
 
@@ -1325,18 +1381,26 @@ static PyType_Spec cache_spec = {
     .slots = cache_slots,
 };
 
-/* Scratch memory kept between calls (the module's state): the column values, the payload
- * being written and the references being dropped, sized for the largest call so far. Fresh
- * memory for each call would be paged in by each call: at the ~1 us a 4 KB page costs here,
- * about what encoding the records it holds costs. */
+/* Scratch memory kept between calls (the module's state): the records' rows, the column
+ * values, the payloads being written and the references being dropped, sized for the largest
+ * call so far. Fresh memory for each call would be paged in by each call: at the ~1 us a 4 KB
+ * page costs here, about what encoding the records it holds costs. Allocated with
+ * PyMem_Raw*: the output area grows while the GIL is released (encode_batch()). */
 typedef struct {
     void *p;
     size_t bytes;
 } Area;
 
 typedef struct {
-    Area types, vals, out, drop;
-    int busy; /* a call is using it (name_of, Python code, could make another) */
+    Area types, named, rows, vals, out, drop, refs;
+    int busy;          /* a call is using it (name_of, Python code, could make another) */
+    unsigned busy_gen; /* fork_gen when busy was set (see scratch_in_use()) */
+    int free_pending;  /* free_scratch() was called meanwhile: done when that call ends */
+    /* reserve()'s thread paging the areas in; joined before an area is freed */
+    pthread_t pager;
+    int pager_running;
+    unsigned pager_gen;
+    Area page[5];
 } Scratch;
 
 /* The module's state */
@@ -1345,22 +1409,38 @@ typedef struct {
     PyTypeObject *cache_type; /* NameCache */
 } State;
 
-static void
-area_free(Area *a)
+static inline int
+scratch_in_use(const Scratch *sc)
 {
-    PyMem_Free(a->p);
+    return sc->busy && sc->busy_gen == fork_gen;
+}
+
+/* Wait for reserve()'s pager (it never takes the GIL, so this may hold it). */
+static void
+pager_join(Scratch *sc)
+{
+    if (sc->pager_running && sc->pager_gen == fork_gen)
+        pthread_join(sc->pager, NULL);
+    sc->pager_running = 0;
+}
+
+static void
+area_free(Scratch *sc, Area *a)
+{
+    pager_join(sc);
+    PyMem_RawFree(a->p);
     a->p = NULL;
     a->bytes = 0;
 }
 
 /* At least n bytes in a (its contents are not kept): 0, or -1 with MemoryError. */
 static int
-area_room(Area *a, size_t n)
+area_room(Scratch *sc, Area *a, size_t n)
 {
     if (a->p != NULL && a->bytes >= n)
         return 0;
-    area_free(a);
-    if (n > PY_SSIZE_T_MAX || (a->p = PyMem_Malloc(n ? n : 1)) == NULL) {
+    area_free(sc, a);
+    if (n > PY_SSIZE_T_MAX || (a->p = PyMem_RawMalloc(n ? n : 1)) == NULL) {
         PyErr_NoMemory();
         return -1;
     }
@@ -1368,14 +1448,112 @@ area_room(Area *a, size_t n)
     return 0;
 }
 
+/* At least n bytes in a, its contents kept: 0, or -1 (no error set: the GIL may be released;
+ * a is unchanged). */
+static int
+area_grow(Scratch *sc, Area *a, size_t n)
+{
+    if (a->bytes >= n)
+        return 0;
+    size_t more = a->bytes + a->bytes / 2;
+    if (more > n)
+        n = more;
+    pager_join(sc);
+    void *p = n > PY_SSIZE_T_MAX ? NULL : PyMem_RawRealloc(a->p, n);
+    if (p == NULL)
+        return -1;
+    a->p = p;
+    a->bytes = n;
+    return 0;
+}
+
 static void
 scratch_free(Scratch *sc)
 {
-    area_free(&sc->types);
-    area_free(&sc->vals);
-    area_free(&sc->out);
-    area_free(&sc->drop);
+    area_free(sc, &sc->types);
+    area_free(sc, &sc->named);
+    area_free(sc, &sc->rows);
+    area_free(sc, &sc->vals);
+    area_free(sc, &sc->out);
+    area_free(sc, &sc->drop);
+    area_free(sc, &sc->refs);
 }
+
+/* Page [p, p + n) in for writing, its contents unchanged (what reserve()'s pager does while
+ * a call may already write there): MADV_POPULATE_WRITE, or where the kernel lacks it an
+ * atomic add of 0 to a byte of each page. */
+static void
+page_in(void *p, size_t n)
+{
+    long ps = sysconf(_SC_PAGESIZE);
+    uintptr_t page = ps > 0 ? (uintptr_t)ps : 4096;
+    uintptr_t a = ((uintptr_t)p + page - 1) & ~(page - 1), e = ((uintptr_t)p + n) & ~(page - 1);
+    if (p == NULL || e <= a)
+        return;
+#ifdef MADV_POPULATE_WRITE
+    if (madvise((void *)a, e - a, MADV_POPULATE_WRITE) == 0)
+        return;
+#endif
+    for (uintptr_t q = a; q < e; q += page)
+        __atomic_fetch_add((unsigned char *)q, 0, __ATOMIC_RELAXED);
+}
+
+static void *
+pager_run(void *arg)
+{
+    Scratch *sc = arg;
+    for (int i = 0; i < 5; i++)
+        page_in(sc->page[i].p, sc->page[i].bytes);
+    return NULL;
+}
+
+/* Page the areas in on a thread of its own (the caller goes on: the recorder's start-up);
+ * where no thread can be made, here. The thread blocks every signal (made with them blocked):
+ * a signal sent to the process is the program's threads' to handle. */
+static void
+pager_start(Scratch *sc)
+{
+    pager_join(sc);
+    sc->page[0] = sc->types;
+    sc->page[1] = sc->named;
+    sc->page[2] = sc->rows;
+    sc->page[3] = sc->vals;
+    sc->page[4] = sc->out;
+    pthread_attr_t attr;
+    sigset_t all, old;
+    sigfillset(&all);
+    int made = pthread_attr_init(&attr) == 0;
+    if (made) {
+        pthread_attr_setstacksize(&attr, 64 * 1024);
+        int masked = pthread_sigmask(SIG_SETMASK, &all, &old) == 0;
+        made = pthread_create(&sc->pager, &attr, pager_run, sc) == 0;
+        if (masked)
+            pthread_sigmask(SIG_SETMASK, &old, NULL);
+        pthread_attr_destroy(&attr);
+    }
+    if (!made) {
+        pager_run(sc);
+        return;
+    }
+    sc->pager_running = 1;
+    sc->pager_gen = fork_gen;
+}
+
+/* A record's names: the slots of its code and of a function record's parent (0, "", for the
+ * others), noted by name_records() by ring position */
+typedef struct {
+    int32_t slot, pslot;
+} Named;
+
+/* A record as the columns take it: read in its ring slot (with the GIL), or copied out of the
+ * ring into the call's rows (copy_rows()), which encode_batch() reads without the GIL */
+typedef struct {
+    int64_t ts, calltime, sleep;
+    int32_t type;
+    int32_t depth; /* graph records: the depth; function records: the caller's line */
+    int32_t flags, overrun;
+    Named names;
+} Row;
 
 /* Values a batch of n records needs: at most RING_COLUMNS each, and the order column */
 #define VALS_MAX(n) ((size_t)(n) * (RING_COLUMNS + 1))
@@ -1385,13 +1563,18 @@ scratch_free(Scratch *sc)
 #define OUT_MAX(n) ((size_t)(6 + 40 + 14 * (1 + RING_TYPES * RING_COLUMNS)) + \
                     (size_t)(n) * 8 * (1 + RING_COLUMNS))
 
+/* Bytes a record usually takes in a payload (a function_graph trace: about 6.5): the output
+ * area is sized for a call's records at this, plus a batch at its most. */
+#define OUT_USUAL 8
+
 /* One batch: the records [lo, hi) of the ones taken, and once encoded its payload */
 typedef struct {
     Py_ssize_t lo, hi;
     Py_ssize_t count[RING_TYPES]; /* records of each type */
     int order[RING_TYPES];        /* the types met (the groups' format ids), in order */
     int k;                        /* how many */
-    PyObject *payload;            /* bytes */
+    int done;                     /* encoded: the payload is at off in the output area */
+    size_t off, len;
     uint32_t crc;                 /* of the chunk: its head and payload */
     Py_ssize_t added;             /* strings this batch added to the table */
 } Encoded;
@@ -1399,8 +1582,12 @@ typedef struct {
 /* What one encode_ring() call works with */
 typedef struct {
     rh_ring *ring;
-    Area *types;           /* a record's type by its slot (name_records() notes them) */
-    uint64_t first, pos0;  /* the first record taken: its sequence number, its slot */
+    Scratch *sc;
+    uint8_t *types;        /* by ring position (the capacity's worth): name_records() */
+    Named *named;          /* the same */
+    Row *rows;             /* by the records' order (copy_rows()), or NULL: read in the ring */
+    uint64_t cap;          /* the ring's capacity */
+    uint64_t pos0;         /* the position of the first record taken */
     Names *names;          /* the call's own, or its NameCache's */
     NameCache *cache;      /* or NULL */
     PyObject *name_of;
@@ -1408,26 +1595,31 @@ typedef struct {
     int tid_seen;
     PyObject *strings, *new_strings;
     uint64_t *vals;        /* VALS_MAX(the largest batch) */
-    unsigned char *out;    /* OUT_MAX(the largest batch) bytes: a payload is written here */
+    size_t out_used;       /* bytes of the output area (sc->out) the payloads take */
     PyObject **drop;       /* references to release once the ring is left (2 per record) */
     Py_ssize_t ndrop;
     Py_ssize_t moved;      /* records taken whose references are out of the ring */
+    uint64_t *refs;        /* with rows: the references the rows hold, by slot (count_refs()) */
 } Fused;
 
 /* Name every readable record of the ring (its code, and a function record's parent), in
- * ring order, calling name_of for the codes not named yet. Python code then runs: the ring
- * may be written, overwritten, cleared or resized meanwhile; the pass goes on from where it
- * was, or starts again. 0 when every record of [floor, head) is named, with no Python code
- * run since it was looked at; 1 decline (a record of an unknown type: a PRINT event; a name
- * that is not a str; an odd string table); -1 error. */
-static int
+ * ring order, calling name_of for the codes not named yet, and note their slots by position.
+ * Python code then runs: the ring may be written, overwritten, cleared or resized meanwhile;
+ * the pass goes on from where it was (what it noted for the records before is still
+ * theirs), or starts again. 0 when every record of [floor, head) is named, with no Python
+ * code run since it was looked at; 1 decline (a record of an unknown type: a PRINT event; a
+ * name that is not a str; an odd string table); -1 error. */
+static PASS int
 name_records(Fused *f, rh_ring *r)
 {
     Names *nm = f->names;
 again:
-    if (area_room(f->types, (size_t)r->capacity) < 0) /* runs no Python code */
+    /* (runs no Python code) */
+    if (area_room(f->sc, &f->sc->types, (size_t)r->capacity) < 0 ||
+        area_room(f->sc, &f->sc->named, (size_t)r->capacity * sizeof(Named)) < 0)
         return -1;
-    uint8_t *types = f->types->p;
+    uint8_t *types = f->types = f->sc->types.p;
+    Named *named = f->named = f->sc->named.p;
     rh_rec *recs = r->recs;
     uint64_t cap = r->capacity, clear_seq = r->clear_seq;
     uint64_t seq = r->floor, pos = seq % cap;
@@ -1448,6 +1640,8 @@ again:
             unnamed = rec->parent;
         else {
             types[pos] = (uint8_t)t;
+            named[pos].slot = cs;
+            named[pos].pslot = ps;
             seq++;
             pos = pos + 1 == cap ? 0 : pos + 1;
             continue;
@@ -1481,24 +1675,101 @@ drop_ref(Fused *f, PyObject *o)
         f->drop[f->ndrop++] = o;
 }
 
-/* Take the references of the records [f->moved, upto) out of the ring. Runs no Python
+/* A record, as the columns take it (names: what name_records() noted for it). Holds the
+ * GIL (the caller's line reads the caller's code, which the record holds); runs no Python
  * code. */
+static inline Row
+row_of(const rh_rec *r, Named names)
+{
+    Row w = {.ts = r->ts, .calltime = r->calltime, .sleep = r->sleep, .type = r->type,
+             .depth = r->type == RH_FUNCTION ? rh_caller_line(r) : r->depth,
+             .flags = r->flags, .overrun = r->overrun, .names = names};
+    return w;
+}
+
+/* The references of the record at ring position pos out of the ring, dropped. Runs no Python
+ * code. */
+static inline void
+take_refs(Fused *f, uint64_t pos)
+{
+    rh_rec *r = &f->ring->recs[pos];
+    PyObject *code = r->code, *parent = r->parent;
+    r->code = r->parent = NULL;
+    drop_ref(f, code);
+    drop_ref(f, parent);
+}
+
+/* Without rows: the references of the records [f->moved, upto) out of the ring, dropped.
+ * Runs no Python code. */
 static void
 move_refs(Fused *f, Py_ssize_t upto)
 {
-    rh_rec *recs = f->ring->recs;
-    uint64_t cap = f->ring->capacity, pos = (f->pos0 + (uint64_t)f->moved) % cap;
-    for (Py_ssize_t i = f->moved; i < upto; i++) {
-        PyObject *code = recs[pos].code, *parent = recs[pos].parent;
-        recs[pos].code = recs[pos].parent = NULL;
-        drop_ref(f, code);
-        drop_ref(f, parent);
-        pos = pos + 1 == cap ? 0 : pos + 1;
-    }
+    const uint64_t cap = f->cap;
+    uint64_t pos = (f->pos0 + (uint64_t)f->moved) % cap;
+    for (Py_ssize_t i = f->moved; i < upto; i++, pos = pos + 1 == cap ? 0 : pos + 1)
+        take_refs(f, pos);
     f->moved = upto;
 }
 
-/* The string table index of slot s, adding its string as _encode_strings would: 0, -1 error. */
+/* The records taken (n of them) out of the ring into the rows, the one pass over the ring
+ * that must hold the GIL. Their references move with them: the call owns them, counted by
+ * slot without the GIL (count_refs()) and dropped by code with it (drop_counted()); no
+ * reference count is touched here. Runs no Python code; once it returns, Python code may
+ * run (the records are neither readable in the ring nor holding anything in its slots). */
+static PASS void
+copy_rows(Fused *f, Py_ssize_t n)
+{
+    rh_rec *recs = f->ring->recs;
+    Row *rows = f->rows;
+    const uint64_t cap = f->cap;
+    uint64_t pos = f->pos0;
+    for (Py_ssize_t i = 0; i < n; i++, pos = pos + 1 == cap ? 0 : pos + 1) {
+        rows[i] = row_of(&recs[pos], f->named[pos]);
+        if (recs[pos].parent != NULL && recs[pos].type != RH_FUNCTION)
+            drop_ref(f, recs[pos].parent); /* (not named: the columns have no parent) */
+        recs[pos].code = recs[pos].parent = NULL;
+    }
+    f->moved = n;
+}
+
+/* The references the rows hold, by slot: each row's code's, and its parent's (slot 0 and
+ * "?" for none: no code). Without the GIL. */
+static PASS void
+count_refs(Fused *f, Py_ssize_t n)
+{
+    uint64_t *refs = f->refs;
+    const Row *rows = f->rows;
+    memset(refs, 0, (size_t)f->names->nslots * sizeof(uint64_t));
+    for (Py_ssize_t i = 0; i < n; i++) {
+        refs[rows[i].names.slot]++;
+        refs[rows[i].names.pslot]++;
+    }
+}
+
+/* Drop the references count_refs() counted, code by code: as many Py_DECREF()s, which free
+ * nothing (the names table holds each code). Holds the GIL; runs no Python code. */
+static PASS void
+drop_counted(Fused *f)
+{
+    const Slot *slots = f->names->slots;
+    for (int32_t s = 0; s < f->names->nslots; s++) {
+        PyObject *o = slots[s].code;
+        uint64_t k = f->refs[s];
+        if (o == NULL || k == 0)
+            continue;
+#ifndef Py_REF_DEBUG
+        if ((uint64_t)Py_REFCNT(o) > k) { /* (an immortal object's stays as it is) */
+            Py_SET_REFCNT(o, Py_REFCNT(o) - (Py_ssize_t)k);
+            continue;
+        }
+#endif
+        while (k--)
+            Py_DECREF(o);
+    }
+}
+
+/* The string table index of slot s, adding its string as _encode_strings would: 0, -1 error.
+ * Holds the GIL. */
 static int
 slot_index(Fused *f, int32_t s, uint64_t *out)
 {
@@ -1518,107 +1789,134 @@ slot_index(Fused *f, int32_t s, uint64_t *out)
     return 0;
 }
 
-/* Encode the batch e of the records taken (still in the ring, all named) into its EVTS
- * payload, moving their references out of the ring: 0 done, -1 error. Runs no Python code
- * (the records are neither in the ring's readable range nor out of its slots). */
-static int
-encode_batch(Fused *f, Encoded *e)
+/* Where encode_batch()'s hot loop puts a batch's values: each group's columns, filled in
+ * record order, and the order column */
+typedef struct {
+    uint64_t *col[RING_TYPES][RING_COLUMNS];
+    uint64_t orv[RING_TYPES][RING_COLUMNS]; /* each column's values OR-ed */
+    Py_ssize_t fill[RING_TYPES];            /* values in each group's columns so far */
+    uint64_t *ord;
+    uint64_t tid;
+    const Slot *slots;
+} Columns;
+
+/* One record's values into its group's columns, the i-th of the batch. Ints: the value,
+ * OR-ed into the column's orv (its top bit: a negative value). Strings: the names table's
+ * slot, and its string table index OR-ed into orv (its top bit: a string the table lacks, or
+ * not looked up). Reads the slots' indices, nothing else. */
+static inline __attribute__((always_inline)) void
+put_row(Columns *cs, const Row r, Py_ssize_t i)
+{
+    const int t = r.type;
+    const Py_ssize_t j = cs->fill[t]++;
+    uint64_t **cv = cs->col[t], *o = cs->orv[t];
+    const Slot *slots = cs->slots;
+    uint64_t x;
+    cs->ord[i] = (uint64_t)t;
+#define PUT(c, value) (x = (value), cv[c][j] = x, o[c] |= x)
+#define PUT_SLOT(c, sl) (x = (uint64_t)(sl), cv[c][j] = x, o[c] |= slots[x].index)
+    PUT(0, (uint64_t)r.ts);
+    cv[1][j] = cs->tid;
+    switch (t) {
+    case RH_FUNCTION:
+        PUT_SLOT(2, r.names.slot);
+        PUT_SLOT(3, r.names.pslot);
+        PUT(4, (uint64_t)(int64_t)r.depth);
+        break;
+    case RH_FUNCGRAPH_EXIT:
+        PUT(2, (uint64_t)(int64_t)r.depth);
+        PUT_SLOT(3, r.names.slot);
+        PUT(4, (uint64_t)r.calltime);
+        PUT(5, (uint64_t)(int64_t)r.overrun);
+        PUT(6, (uint64_t)r.sleep);
+        PUT(7, (uint64_t)(int64_t)r.flags);
+        PUT_SLOT(8, 0);
+        break;
+    case RH_FUNCGRAPH_ENTRY:
+        PUT_SLOT(4, 0);
+        /* fall through */
+    default: /* and suspend, resume */
+        PUT(2, (uint64_t)(int64_t)r.depth);
+        PUT_SLOT(3, r.names.slot);
+        break;
+    }
+#undef PUT_SLOT
+#undef PUT
+}
+
+/* Encode the batch e of the records taken into its EVTS payload, at the end of the output
+ * area. Its records are read from the rows (copy_rows()), or without rows in the ring, their
+ * references taken out as they are read. With `held` (the GIL held) strings the table lacks
+ * are added to it: 0 done, -1 error. Without, it reads the rows and the names table, nothing
+ * else (no other call uses the table, see encode_released()), and leaves a batch naming a
+ * string the table lacks, or that has no room, to a call with the GIL: 0 done, 1 left. */
+static PASS int
+encode_batch(Fused *f, Encoded *e, int held)
 {
     const Py_ssize_t lo = e->lo, hi = e->hi, n = hi - lo;
     Py_ssize_t i, *count = e->count;
     int *order = e->order, k = 0, width[RING_TYPES] = {0};
-    Names *nm = f->names;
-    rh_rec *recs = f->ring->recs;
-    const uint64_t cap = f->ring->capacity;
+    const Row *rows = f->rows;
+    const Named *named = f->named;
+    const uint64_t cap = f->cap, pos_lo = (f->pos0 + (uint64_t)lo) % cap;
+    uint64_t pos;
 
-    /* the groups: how many records of each type, in first-seen order (a quick pass: it
-     * also brings the records into the cache for the next one) */
-    const uint8_t *types = f->types->p;
-    const uint64_t pos_lo = (f->pos0 + (uint64_t)lo) % cap;
-    uint64_t pos = pos_lo;
+    /* the groups: how many records of each type, in first-seen order (a quick pass over
+     * the types name_records() noted, a byte a record) */
+    const uint8_t *types = f->types;
+    memset(count, 0, sizeof(e->count));
+    pos = pos_lo;
     for (i = lo; i < hi; i++, pos = pos + 1 == cap ? 0 : pos + 1) {
-        int t = types[pos]; /* the record's, 1 .. 5: name_records() noted it */
+        int t = types[pos]; /* 1 .. 5 */
         if (count[t]++ == 0)
             order[k++] = t;
     }
     e->k = k;
     /* each group's columns, one after another in vals (at most RING_COLUMNS values a
      * record), then the order column */
-    uint64_t *col[RING_TYPES][RING_COLUMNS];
-    uint64_t orv[RING_TYPES][RING_COLUMNS] = {{0}}; /* each column's values OR-ed */
-    Py_ssize_t fill[RING_TYPES] = {0};
+    Columns cs = {.tid = f->tid, .slots = f->names->slots};
     uint64_t *next = f->vals;
     for (int g = 0; g < k; g++) {
         int t = order[g];
         width[t] = layout_width(t);
         for (int c = 0; c < width[t]; c++, next += count[t])
-            col[t][c] = next;
+            cs.col[t][c] = next;
     }
-    uint64_t *ord = next;
+    uint64_t *ord = cs.ord = next;
 
-    /* one pass over the records, row by row */
-    const uint64_t tid = f->tid;
-    const Slot *slots = nm->slots;
-    pos = pos_lo;
-    for (i = lo; i < hi; i++, pos = pos + 1 == cap ? 0 : pos + 1) {
-        rh_rec *r = &recs[pos];
-        int t = r->type;
-        int32_t s = names_find(nm, r->code), ps = 0;
-        if (t == RH_FUNCTION && r->parent != NULL)
-            ps = names_find(nm, r->parent);
-        if (s < 0 || ps < 0 || t != types[pos]) { /* not reached: name_records() saw it */
-            f->moved = i;
-            PyErr_SetString(PyExc_SystemError, "rethook: a ring record changed");
-            return -1;
-        }
-        /* (the caller's line needs the caller's code: before it leaves the ring) */
-        const int32_t line = t == RH_FUNCTION ? rh_caller_line(r) : 0;
-        /* read: its references leave the ring */
-        PyObject *code = r->code, *parent = r->parent;
-        r->code = r->parent = NULL;
-        drop_ref(f, code);
-        drop_ref(f, parent);
-        Py_ssize_t j = fill[t]++;
-        uint64_t **cv = col[t], *o = orv[t];
-        uint64_t x;
-        ord[i - lo] = (uint64_t)t;
-        /* ints: the value, OR-ed into o[c] (its top bit: a negative value); strings: the
-         * slot, its index OR-ed into o[c] (its top bit: a string the table lacks) */
-#define PUT(c, value) (x = (value), cv[c][j] = x, o[c] |= x)
-#define PUT_SLOT(c, sl) (x = (uint64_t)(sl), cv[c][j] = x, o[c] |= slots[x].index)
-        PUT(0, (uint64_t)r->ts);
-        cv[1][j] = tid;
-        switch (t) {
-        case RH_FUNCTION:
-            PUT_SLOT(2, s);
-            PUT_SLOT(3, ps);
-            PUT(4, (uint64_t)(int64_t)line);
-            break;
-        case RH_FUNCGRAPH_EXIT:
-            PUT(2, (uint64_t)(int64_t)r->depth);
-            PUT_SLOT(3, s);
-            PUT(4, (uint64_t)r->calltime);
-            PUT(5, (uint64_t)(int64_t)r->overrun);
-            PUT(6, (uint64_t)r->sleep);
-            PUT(7, (uint64_t)(int64_t)r->flags);
-            PUT_SLOT(8, 0);
-            break;
-        case RH_FUNCGRAPH_ENTRY:
-            PUT_SLOT(4, 0);
-            /* fall through */
-        default: /* and suspend, resume */
-            PUT(2, (uint64_t)(int64_t)r->depth);
-            PUT_SLOT(3, s);
-            break;
-        }
-#undef PUT_SLOT
-#undef PUT
+    /* The hot loop: one pass over the records, each value into its group's column
+     * (put_row()); from the rows it reads the rows and the slots' indices, nothing else, in
+     * the ring it takes the references out too */
+    if (rows != NULL) {
+        for (i = lo; i < hi; i++)
+            put_row(&cs, rows[i], i - lo);
     }
-    f->moved = hi;
+    else {
+        rh_rec *ring = f->ring->recs;
+        for (i = lo, pos = pos_lo; i < hi; i++, pos = pos + 1 == cap ? 0 : pos + 1) {
+            rh_rec *rec = &ring[pos];
+            const Row w = row_of(rec, named[pos]);
+            PyObject *code = rec->code, *parent = rec->parent;
+            rec->code = rec->parent = NULL;
+            drop_ref(f, code);
+            drop_ref(f, parent);
+            put_row(&cs, w, i - lo);
+        }
+        f->moved = hi;
+    }
+    const Slot *slots = cs.slots;
+    uint64_t (*orv)[RING_COLUMNS] = cs.orv;
+    uint64_t *(*col)[RING_COLUMNS] = cs.col;
 
     /* slots into string indices; the strings the table lacks added as the writer adds
      * them: group by group, column by column, in first-seen order */
-    Py_ssize_t strings_before = PyList_GET_SIZE(f->new_strings);
+    if (!held) {
+        for (int g = 0; g < k; g++)
+            for (int c = 0; c < width[order[g]]; c++)
+                if (is_str_source(LAYOUT[order[g]][c]) && (orv[order[g]][c] >> 63))
+                    return 1;
+    }
+    Py_ssize_t strings_before = held ? PyList_GET_SIZE(f->new_strings) : 0;
     for (int g = 0; g < k; g++) {
         int t = order[g];
         for (int c = 0; c < width[t]; c++) {
@@ -1626,7 +1924,7 @@ encode_batch(Fused *f, Encoded *e)
                 continue;
             uint64_t *v = col[t][c];
             Py_ssize_t m = count[t], j;
-            if (orv[t][c] >> 63) {
+            if (orv[t][c] >> 63) { /* (held) */
                 for (j = 0; j < m; j++)
                     if (slot_index(f, (int32_t)v[j], &v[j]) < 0)
                         return -1;
@@ -1637,11 +1935,17 @@ encode_batch(Fused *f, Encoded *e)
             }
         }
     }
-    e->added = PyList_GET_SIZE(f->new_strings) - strings_before;
+    e->added = held ? PyList_GET_SIZE(f->new_strings) - strings_before : 0;
 
-    /* the payload, into the scratch area (at most OUT_MAX(n) bytes), then copied into a
-     * bytes object of its size */
-    unsigned char *start = f->out, *p = start;
+    /* the payload, at the end of the output area (at most OUT_MAX(n) bytes) */
+    Area *out = &f->sc->out;
+    if (area_grow(f->sc, out, f->out_used + OUT_MAX(n)) < 0) {
+        if (!held)
+            return 1;
+        PyErr_NoMemory();
+        return -1;
+    }
+    unsigned char *start = (unsigned char *)out->p + f->out_used, *p = start;
     put32(p, (uint64_t)n);
     put16(p + 4, (uint64_t)k);
     p += 6;
@@ -1665,20 +1969,125 @@ encode_batch(Fused *f, Encoded *e)
         }
     }
     if (p == NULL) { /* not reached: no group is empty, no column mixes sign and size */
+        if (!held)
+            return 1;
         PyErr_SetString(PyExc_SystemError, "rethook: a column the encoder cannot write");
         return -1;
     }
-    Py_ssize_t used = (Py_ssize_t)(p - start);
+    size_t used = (size_t)(p - start);
     unsigned char head[8] = {'E', 'V', 'T', 'S'};
     put32(head + 4, (uint64_t)used);
-    e->crc = crc32_update(crc32_update(0, head, 8), start, (size_t)used);
-    e->payload = PyBytes_FromStringAndSize((const char *)start, used);
-    return e->payload == NULL ? -1 : 0;
+    e->crc = crc32_update(crc32_update(0, head, 8), start, used);
+    e->off = f->out_used;
+    e->len = used;
+    e->done = 1;
+    f->out_used += used;
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Encoding with the GIL released                                                           */
+
+/* A large call encodes its rows with the GIL released, so the program runs while the drain
+ * encodes, on the other CPU: encoding is ~30 ns a record, which a call storm's program spent
+ * waiting for the drain when the drain held the GIL throughout (raytrace: ~0.2 s of 1 s).
+ *
+ * Each time the drain lets the GIL go it must get it back, and a CPU-bound program thread
+ * keeps it a switch interval (5 ms) once asked, while its ring fills. So:
+ *   - one release per call, for all its batches; none for small calls (fewer than
+ *     NOGIL_MIN_RECORDS records: the handoff would cost more than the encoding);
+ *   - none when the ring was more than half full: the drain is falling behind (another
+ *     process holds the second CPU), and encoding with the GIL held is what slows the
+ *     program down to the drain's pace, as before;
+ *   - none while a drain round is open (two or more threads write: _ccore.c's rounds that
+ *     come first). The round holds the program's threads off while the drain empties every
+ *     ring; letting them run in the middle of it, each ring drained later fills meanwhile
+ *     (the 4-thread storm lost up to a fifth of its events when the drain let the GIL go
+ *     there, on a machine shared with another job);
+ *   - while the GIL is released no round is open (one would have the program's threads
+ *     hand the GIL to one another at every callback), and just before taking it back the
+ *     drain opens one (drainround.h): the program hands the GIL over at its next callback
+ *     instead of at the end of its switch interval, and the ring has that much less to hold.
+ * Without _ccore loaded (the pure core: no native rings write) the GIL is just released.
+ *
+ * While it is released another thread may call into this module: encode_ring() finds the
+ * scratch memory and the NameCache in use (busy) and takes its own; free_scratch() and
+ * NameCache.clear() are done when the call ends; NameCache.forget_strings() once the GIL is
+ * back (before the batches left for it). The rows are the call's own copy, the names table
+ * only read. A TraceWriter is not for two threads at once, as before. */
+#define NOGIL_MIN_RECORDS 4096
+#define GIL_BACK_NS 10000000 /* the round opened to get the GIL back ends by then at most */
+
+enum { GIL_HOLD, GIL_POLICY, GIL_RELEASE };
+static int gil_mode = GIL_POLICY; /* _nogil(), for tests and measurements */
+static uint64_t gil_releases;     /* calls that released the GIL */
+
+/* _ccore's drain round (drainround.h), or NULL when _ccore is not loaded. Holds the GIL;
+ * runs no Python code (a module's attribute, no import). */
+static const rh_round_api *
+round_api(void)
+{
+    static const rh_round_api *found; /* _ccore's static struct: never unloaded */
+    if (found != NULL)
+        return found;
+    PyObject *exc = PyErr_GetRaisedException();
+    PyObject *name = PyUnicode_FromString("rethook.engine._ccore");
+    PyObject *mod = name != NULL ? PyImport_GetModule(name) : NULL;
+    PyObject *capsule = mod != NULL ? PyObject_GetAttrString(mod, "_ROUND_API") : NULL;
+    if (capsule != NULL && PyCapsule_IsValid(capsule, RH_ROUND_CAPSULE) &&
+        (size_t)(uintptr_t)PyCapsule_GetContext(capsule) >= sizeof(rh_round_api))
+        found = PyCapsule_GetPointer(capsule, RH_ROUND_CAPSULE);
+    Py_XDECREF(capsule);
+    Py_XDECREF(mod);
+    Py_XDECREF(name);
+    PyErr_Clear();
+    PyErr_SetRaisedException(exc);
+    return found;
+}
+
+/* Whether a call that takes n records of a ring of cap lets the GIL go (see above). */
+static int
+releases_gil(Py_ssize_t n, uint64_t cap, const rh_round_api *round)
+{
+    if (gil_mode != GIL_POLICY)
+        return gil_mode == GIL_RELEASE && n > 0;
+    return n >= NOGIL_MIN_RECORDS && (uint64_t)n <= cap / 2 &&
+           (round == NULL || round->current() == 0);
+}
+
+/* encode_batch() for every batch, from the rows, with the GIL released; the batches it
+ * leaves (done == 0) are the caller's, with the GIL. */
+static void
+encode_released(Fused *f, Encoded *enc, Py_ssize_t nenc, const rh_round_api *round)
+{
+    int64_t caller_round = round != NULL ? round->take() : 0; /* (0 but in tests) */
+    NameCache *c = f->cache;
+    if (c != NULL)
+        c->released = 1;
+    gil_releases++;
+    Py_BEGIN_ALLOW_THREADS
+    count_refs(f, f->moved);
+    for (Py_ssize_t b = 0; b < nenc; b++)
+        encode_batch(f, &enc[b], 0);
+    if (round != NULL) {
+        int64_t back = round->now() + GIL_BACK_NS;
+        round->open(caller_round > back ? caller_round : back);
+    }
+    Py_END_ALLOW_THREADS
+    if (round != NULL)
+        round->open(caller_round);
+    if (c != NULL) {
+        c->released = 0;
+        if (c->forget_set) {
+            c->forget_set = 0;
+            names_forget(&c->names, c->forget_first);
+        }
+    }
 }
 
 /* The encoded batches as a list of (payload, crc, fids, added), or NULL. */
 static PyObject *
-batch_list(Encoded *enc, Py_ssize_t count)
+batch_list(const char *out, Encoded *enc, Py_ssize_t count)
 {
     PyObject *list = PyList_New(count);
     for (Py_ssize_t b = 0; list != NULL && b < count; b++) {
@@ -1690,9 +2099,14 @@ batch_list(Encoded *enc, Py_ssize_t count)
             else
                 PyTuple_SET_ITEM(fids, g, fid);
         }
-        PyObject *item = fids == NULL ? NULL
-                         : Py_BuildValue("(OkNn)", enc[b].payload, (unsigned long)enc[b].crc,
+        PyObject *payload = fids == NULL ? NULL
+                            : PyBytes_FromStringAndSize(out + enc[b].off,
+                                                        (Py_ssize_t)enc[b].len);
+        PyObject *item = payload == NULL ? NULL
+                         : Py_BuildValue("(NkNn)", payload, (unsigned long)enc[b].crc,
                                          fids, enc[b].added);
+        if (payload == NULL)
+            Py_XDECREF(fids);
         if (item == NULL)
             Py_CLEAR(list);
         else
@@ -1780,6 +2194,7 @@ consume_lost(const rh_cring_api *api, rh_ring *r)
     PyMem_Free(buf);
 }
 
+
 PyDoc_STRVAR(encode_ring_doc,
 "encode_ring(ring, tid, name_of, strings, new_strings, batch[, names])\n\
     -> (lost_before, lost_after, batches, events)\n\
@@ -1797,7 +2212,9 @@ type, a name that is not a str...) batches is None, events the event tuples\n\
 ring.consume(tid, name_of) gives, and the string table is unchanged.\n\
 On an error the records are counted lost as ring.consume() counts them.\n\
 names: a NameCache, whose names and indices this call uses and adds to (name_of\n\
-is then called only for the codes it lacks); None: a table for this call alone.");
+is then called only for the codes it lacks); None: a table for this call alone.\n\
+A call of many records (the ring at most half full) encodes them with the GIL\n\
+released, once they are copied out of the ring: other threads run meanwhile.");
 
 /* After a call: its own names table freed, or its NameCache left for the next call (a
  * clear() asked for meanwhile done now). May run Python code (codes freed). */
@@ -1813,6 +2230,32 @@ names_release(Fused *f)
     c->busy = 0;
     if (c->clear_pending)
         cache_clear(c);
+}
+
+/* A call starts using the NameCache c. */
+static void
+cache_acquire(NameCache *c)
+{
+    c->busy = 1;
+    c->busy_gen = fork_gen;
+    c->released = 0;
+    if (c->forget_set) { /* (left by a call that a fork ended) */
+        c->forget_set = 0;
+        names_forget(&c->names, c->forget_first);
+    }
+}
+
+/* After a call: the scratch memory it used is free again (freed, if free_scratch() was
+ * called meanwhile, or if it was the call's own). */
+static void
+scratch_done(Scratch *sc, Scratch *local)
+{
+    sc->busy = 0;
+    if (sc->free_pending) {
+        sc->free_pending = 0;
+        scratch_free(sc);
+    }
+    scratch_free(local);
 }
 
 static PyObject *
@@ -1851,6 +2294,7 @@ encode_ring(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     const rh_cring_api *api = cring_api();
     if (api == NULL)
         return NULL;
+    const rh_round_api *round = round_api();
     if (!PyObject_TypeCheck(ring, api->ring_type)) {
         PyErr_Format(PyExc_TypeError, "encode_ring(): expected a Ring, not %.100s",
                      Py_TYPE(ring)->tp_name);
@@ -1872,17 +2316,19 @@ encode_ring(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         f.tid_seen = seen;
     }
     /* the scratch memory: the module's, unless a call in progress uses it (name_of runs
-     * Python code, which could make another call) */
+     * Python code, which could make another call; another thread may while a call has
+     * released the GIL) */
     Scratch *kept = &st->scratch, local = {0};
-    Scratch *sc = kept->busy ? &local : kept;
+    Scratch *sc = scratch_in_use(kept) ? &local : kept;
     sc->busy = 1;
-    f.types = &sc->types;
+    sc->busy_gen = fork_gen;
+    f.sc = sc;
     /* the names: the cache's (when a call in progress does not use it: name_of may make
      * this call), or a table of the call's own */
     Names own;
     int r;
-    if (cache != NULL && !cache->busy) {
-        cache->busy = 1;
+    if (cache != NULL && !cache_in_use(cache)) {
+        cache_acquire(cache);
         f.cache = cache;
         f.names = &cache->names;
         r = cache_ready(cache, strings, name_of); /* may run Python code */
@@ -1905,37 +2351,43 @@ encode_ring(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             names_release(&f); /* may run Python code */
             PyErr_SetRaisedException(exc);
         }
-        sc->busy = 0;
-        scratch_free(&local);
+        scratch_done(sc, &local);
         return result;
     }
 
     /* Every record of [floor, head) is named, nothing has run since: from here until they
-     * are all out of the ring (moved, or encoded and moved), no Python code runs. */
+     * are all out of the ring, no Python code runs. */
     uint64_t count = rg->head - rg->floor; /* <= capacity, whose array was allocated */
     Py_ssize_t n = (Py_ssize_t)count;
     Py_ssize_t most = n < batch ? n : batch;
+    /* with the GIL released (the records copied into rows first), or held (read in place) */
+    int release = releases_gil(n, rg->capacity, round);
     Encoded *enc = PyMem_Calloc((size_t)(n / batch + 2), sizeof(Encoded));
-    if (enc == NULL || area_room(&sc->vals, VALS_MAX(most) * sizeof(uint64_t)) < 0 ||
-        area_room(&sc->out, OUT_MAX(most)) < 0 ||
-        area_room(&sc->drop, (size_t)n * 2 * sizeof(PyObject *)) < 0) {
+    if (enc == NULL || area_room(sc, &sc->vals, VALS_MAX(most) * sizeof(uint64_t)) < 0 ||
+        area_room(sc, &sc->out, OUT_MAX(most) + (size_t)n * OUT_USUAL) < 0 ||
+        area_room(sc, &sc->drop, (size_t)n * 2 * sizeof(PyObject *)) < 0 ||
+        (release && (area_room(sc, &sc->rows, (size_t)n * sizeof(Row)) < 0 ||
+                     area_room(sc, &sc->refs, (size_t)f.names->nslots * sizeof(uint64_t)) < 0))) {
         if (enc == NULL)
             PyErr_NoMemory();
         PyMem_Free(enc);
         names_release(&f);
-        sc->busy = 0;
-        scratch_free(&local);
+        scratch_done(sc, &local);
         return NULL;
     }
     f.vals = sc->vals.p;
-    f.out = sc->out.p;
     f.drop = sc->drop.p;
+    f.cap = rg->capacity;
+    f.rows = release ? sc->rows.p : NULL;
+    f.refs = release ? sc->refs.p : NULL;
 
-    /* Ring.consume()'s accounting; the records stay where they are until read */
+    /* Ring.consume()'s accounting, the records left in their slots; to be released, the GIL
+     * waits for them to be out of the ring, in their rows */
     rh_taken t;
     api->take_in_place(rg, &t);
-    f.first = t.first;
-    f.pos0 = count ? t.first % rg->capacity : 0;
+    f.pos0 = count ? t.first % f.cap : 0;
+    if (release)
+        copy_rows(&f, n);
     Py_ssize_t strings_start = PyList_GET_SIZE(new_strings), nenc = 0;
     const uint64_t table_start = (uint64_t)PyDict_GET_SIZE(strings); /* this call's first */
     PyObject *batches = NULL, *result = NULL;
@@ -1949,38 +2401,32 @@ encode_ring(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             enc[nenc++].hi = n - lo < size ? n : lo + size;
         }
     }
-    for (Py_ssize_t b = 0; b < nenc; b++) {
-        if (encode_batch(&f, &enc[b]) < 0) {
-            /* out of memory: the records reach no reader. Out of the ring with them, count
-             * them lost as Ring.consume() does, forget the strings added (no chunk will
-             * define them) */
-            move_refs(&f, n);
-            api->untake(rg, &t);
-            PyObject *exc = PyErr_GetRaisedException();
-            if (forget_strings(strings, new_strings, strings_start) < 0)
-                PyErr_Clear();
-            names_forget(f.names, table_start); /* a NameCache's indices of them too */
-            PyErr_SetRaisedException(exc);
-            goto done;
+    if (release) {
+        encode_released(&f, enc, nenc, round);
+        drop_counted(&f);
+    }
+    for (Py_ssize_t b = 0; b < nenc; b++) { /* all of them, or those it left */
+        if (!enc[b].done && encode_batch(&f, &enc[b], 1) < 0) {
+            if (!release)
+                move_refs(&f, n); /* (read in place: the references left in the ring) */
+            break;
         }
     }
-    /* all read, all out of the ring: Python code may run again */
-    if ((batches = batch_list(enc, nenc)) != NULL)
+    /* all out of the ring: Python code may run again */
+    if (!PyErr_Occurred() && (batches = batch_list(sc->out.p, enc, nenc)) != NULL)
         result = Py_BuildValue("(KKOO)", (unsigned long long)t.lost_before,
                                (unsigned long long)t.lost_after, batches, Py_None);
     if (result == NULL) {
+        /* out of memory: the records reach no reader. Count them lost as Ring.consume()
+         * does, forget the strings added (no chunk will define them) */
         api->untake(rg, &t);
         PyObject *exc = PyErr_GetRaisedException();
         if (forget_strings(strings, new_strings, strings_start) < 0)
             PyErr_Clear();
-        names_forget(f.names, table_start);
+        names_forget(f.names, table_start); /* a NameCache's indices of them too */
         PyErr_SetRaisedException(exc);
     }
-
-done:
     Py_XDECREF(batches);
-    for (Py_ssize_t b = 0; b < nenc; b++)
-        Py_XDECREF(enc[b].payload);
     PyMem_Free(enc);
     {
         /* the references that could not be dropped in the ring (their objects' last ones),
@@ -1989,8 +2435,7 @@ done:
         for (Py_ssize_t i = 0; i < f.ndrop; i++)
             Py_DECREF(f.drop[i]); /* may run Python code (weakref callbacks) */
         names_release(&f);
-        sc->busy = 0;
-        scratch_free(&local);
+        scratch_done(sc, &local);
         PyErr_SetRaisedException(exc);
     }
     return result;
@@ -2000,8 +2445,9 @@ PyDoc_STRVAR(reserve_doc,
 "reserve(records, batch) -> None\n\
 \n\
 Make encode_ring()'s scratch memory ready for rings of up to `records` records and\n\
-batches of `batch`, paged in: what the first calls would do, at a time when it costs\n\
-nothing (before a recording starts).");
+batches of `batch`: allocated now (MemoryError here), and paged in by a thread of its\n\
+own while the caller goes on, rather than by the first calls (before a recording\n\
+starts, when that costs nothing).");
 
 static PyObject *
 reserve(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
@@ -2017,39 +2463,72 @@ reserve(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     if (batch == -1 && PyErr_Occurred())
         return NULL;
     if (records < 0 || batch < 1 || batch > (1 << 24) ||
-        (size_t)records > PY_SSIZE_T_MAX / (2 * sizeof(PyObject *))) {
+        (size_t)records > PY_SSIZE_T_MAX / sizeof(Row)) {
         PyErr_SetString(PyExc_ValueError, "reserve(): records >= 0, batch in [1, 2**24]");
         return NULL;
     }
     Scratch *sc = &((State *)PyModule_GetState(module))->scratch;
-    if (sc->busy)
+    if (scratch_in_use(sc))
         Py_RETURN_NONE;
     Py_ssize_t most = records < batch ? records : batch;
-    size_t vals = VALS_MAX(most) * sizeof(uint64_t), out = OUT_MAX(most);
-    if (area_room(&sc->types, (size_t)records) < 0 ||
-        area_room(&sc->vals, vals) < 0 || area_room(&sc->out, out) < 0 ||
-        area_room(&sc->drop, (size_t)records * 2 * sizeof(PyObject *)) < 0)
+    if (area_room(sc, &sc->types, (size_t)records) < 0 ||
+        area_room(sc, &sc->named, (size_t)records * sizeof(Named)) < 0 ||
+        area_room(sc, &sc->rows, (size_t)records * sizeof(Row)) < 0 ||
+        area_room(sc, &sc->vals, VALS_MAX(most) * sizeof(uint64_t)) < 0 ||
+        area_room(sc, &sc->out, OUT_MAX(most) + (size_t)records * OUT_USUAL) < 0 ||
+        area_room(sc, &sc->drop, (size_t)records * 2 * sizeof(PyObject *)) < 0)
         return NULL;
-    /* in: the values and the payloads are written on every call (the references to drop
-     * rarely are) */
-    memset(sc->types.p, 0, (size_t)records);
-    memset(sc->vals.p, 0, vals);
-    memset(sc->out.p, 0, out);
+    /* in: the names, rows, values and payloads are written on every call (the references
+     * to drop rarely are) */
+    pager_start(sc);
     Py_RETURN_NONE;
 }
 
 PyDoc_STRVAR(free_scratch_doc,
 "free_scratch() -> None\n\
 \n\
-Free the memory encode_ring() keeps between calls (TraceWriter.close() does).");
+Free the memory encode_ring() keeps between calls (TraceWriter.close() does; while a\n\
+call uses it, when that call ends).");
 
 static PyObject *
 free_scratch(PyObject *module, PyObject *Py_UNUSED(ignored))
 {
     Scratch *sc = &((State *)PyModule_GetState(module))->scratch;
-    if (!sc->busy)
+    if (scratch_in_use(sc))
+        sc->free_pending = 1;
+    else
         scratch_free(sc);
     Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(nogil_doc,
+"_nogil([mode]) -> (mode, releases)\n\
+\n\
+For tests and measurements: when encode_ring() releases the GIL. mode 0: never;\n\
+1: the policy (a call of 4096 records or more, from a ring at most half full);\n\
+2: every call that takes records. Returns the mode before the call and how many\n\
+calls have released the GIL since the import.");
+
+static PyObject *
+tfenc_nogil(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    int old = gil_mode;
+    if (nargs > 1) {
+        PyErr_SetString(PyExc_TypeError, "_nogil() takes at most 1 argument");
+        return NULL;
+    }
+    if (nargs == 1) {
+        long m = PyLong_AsLong(args[0]);
+        if (m == -1 && PyErr_Occurred())
+            return NULL;
+        if (m < GIL_HOLD || m > GIL_RELEASE) {
+            PyErr_SetString(PyExc_ValueError, "_nogil(): mode 0, 1 or 2");
+            return NULL;
+        }
+        gil_mode = (int)m;
+    }
+    return Py_BuildValue("(iK)", old, (unsigned long long)gil_releases);
 }
 
 static PyMethodDef methods[] = {
@@ -2060,6 +2539,7 @@ static PyMethodDef methods[] = {
     {"write_held", (PyCFunction)(void (*)(void))write_held, METH_FASTCALL, write_held_doc},
     {"reserve", (PyCFunction)(void (*)(void))reserve, METH_FASTCALL, reserve_doc},
     {"free_scratch", free_scratch, METH_NOARGS, free_scratch_doc},
+    {"_nogil", (PyCFunction)(void (*)(void))tfenc_nogil, METH_FASTCALL, nogil_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -2190,6 +2670,9 @@ tfenc_exec(PyObject *module)
     if (bad)
         return -1;
     crc_init();
+    static int atfork_set; /* (once per process, whatever the interpreters) */
+    if (!atfork_set && pthread_atfork(NULL, NULL, tfenc_after_fork) == 0)
+        atfork_set = 1;
     State *st = PyModule_GetState(module);
     st->cache_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &cache_spec, NULL);
     if (st->cache_type == NULL || PyModule_AddType(module, st->cache_type) < 0)

@@ -414,12 +414,15 @@ class TraceWriter:
         ``write_events(native.consumed_items(ring.consume(tid, name_of), tid))`` writes --
         the same chunks, Lost markers, string table entries and batches -- and the ring is
         left as that consume leaves it. With the C encoder (:mod:`rethook.buffer._tfenc`)
-        and the built-in layouts for formats 1-5, the records are encoded in C straight
-        from the ring, with no event tuple per record, and the chunks of the call go to the
-        file in one write, the GIL held until then (the drain thread of ``rethook record``:
+        and the built-in layouts for formats 1-5, the records are encoded in C from the
+        ring, with no event tuple per record -- a call of many records with the GIL
+        released once they are copied out of the ring, so the program runs meanwhile
+        (``_tfenc.c``, "Encoding with the GIL released") -- and the chunks of the call go
+        to the file in one write, the GIL held (the drain thread of ``rethook record``:
         each time it lets the GIL go, a CPU-bound program keeps it a switch interval once
         the drain wants it back, filling the ring meanwhile). Otherwise it is that very
-        call.
+        call. One thread at a time may use a writer; :meth:`close` from another thread
+        while a call encodes makes that call raise ValueError, its records unwritten.
 
         The C encoder keeps the names between calls (a ``_tfenc.NameCache``, released by
         :meth:`close`, holding the codes it names): a code's name is fixed for a recording
@@ -438,6 +441,7 @@ class TraceWriter:
             names = self._names = _tfenc.NameCache()
         lost_before, lost_after, batches, events = _tfenc.encode_ring(
             ring, tid, name_of, self._strings, new_strings, self._batch, names)
+        self._check_open()  # (closed by another thread while the GIL was released)
         if batches is None:  # records only the tuple path writes (a PRINT event...)
             return self.write_events(consumed_items((lost_before, events, lost_after), tid))
         written = 0
@@ -505,8 +509,10 @@ class TraceWriter:
 
     def prepare_native(self, records: int) -> None:
         """Get ready to :meth:`write_native` rings of up to ``records`` records: the memory
-        the C encoder and the output buffer need, paged in now rather than by the first
-        calls (which, while a program fills the ring, is when time matters)."""
+        the C encoder and the output buffer need, allocated now (MemoryError here) and
+        paged in rather than by the first calls (which, while a program fills the ring, is
+        when time matters). The C encoder's is paged in by a thread of its own
+        (``_tfenc.reserve``): the caller, a recording's start-up, does not wait for it."""
         if not self._native_encodable():
             return
         records = max(0, int(records))

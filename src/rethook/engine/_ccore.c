@@ -55,6 +55,7 @@
 #include <time.h>
 
 #include "clock.h"
+#include "drainround.h"
 
 #include "fgraph_direct.h"
 #include "pyframe.h"
@@ -130,7 +131,9 @@ static PyObject *discover_hook, *known_ids, *disabled_ids, *monitoring_disable;
  * anything shared, so this is the switch the interpreter could make between two
  * instructions), lets the waiting threads take it, and asks for it again. While the drain
  * holds the GIL the program's threads wait anyway: they give it up only when the drain wants
- * it. */
+ * it. The trace file encoder, which lets the GIL go while it encodes a large call's records,
+ * reads and sets the same value through the capsule _ROUND_API (drainround.h): no round
+ * while it does not want the GIL, and a short one to get it back. */
 static int64_t round_until; /* __atomic: CLOCK_MONOTONIC ns the open round ends by; 0: none */
 
 #define ROUND_MAX_NS 50000000 /* a round not closed by then (a drain gone) closes itself */
@@ -218,6 +221,28 @@ drain_end(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(arg))
     __atomic_store_n(&round_until, 0, __ATOMIC_RELAXED);
     Py_RETURN_NONE;
 }
+
+/* The same value for the trace file encoder, which lets the GIL go while it encodes a round's
+ * records (drainround.h, the capsule _ROUND_API). */
+static int64_t
+round_take(void)
+{
+    return __atomic_exchange_n(&round_until, 0, __ATOMIC_RELAXED);
+}
+
+static void
+round_open(int64_t until)
+{
+    __atomic_store_n(&round_until, until, __ATOMIC_RELEASE);
+}
+
+static int64_t
+round_current(void)
+{
+    return __atomic_load_n(&round_until, __ATOMIC_RELAXED);
+}
+
+static const rh_round_api round_api = {round_take, round_open, mono_ns, round_current};
 
 
 /* ---------------------------------------------------------------------------------------- */
@@ -2591,6 +2616,15 @@ PyInit__ccore(void)
         return NULL;
     if (PyModule_AddIntConstant(m, "REC_HEADER", REC_HEADER) < 0 ||
         PyModule_AddObjectRef(m, "DirectRecord", (PyObject *)&DRecord_Type) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    PyObject *round_capsule = PyCapsule_New((void *)&round_api, RH_ROUND_CAPSULE, NULL);
+    int bad = round_capsule == NULL ||
+              PyCapsule_SetContext(round_capsule, (void *)(uintptr_t)sizeof(round_api)) < 0 ||
+              PyModule_AddObjectRef(m, "_ROUND_API", round_capsule) < 0;
+    Py_XDECREF(round_capsule);
+    if (bad) {
         Py_DECREF(m);
         return NULL;
     }

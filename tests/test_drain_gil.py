@@ -1,0 +1,347 @@
+"""The fused drain with the GIL released (``_tfenc.encode_ring``, _tfenc.c "Encoding with the
+GIL released"): a large call copies its records out of the ring with the GIL, then encodes
+them without it, so the program's threads run meanwhile.
+
+What is held: other threads do run during such a call; it lets the GIL go once, and only when
+the policy says so; the file is the tuple path's, byte for byte, whatever is released (the
+fused drain's tests are run again with every call releasing); what other threads do
+meanwhile (clear, forget_strings, free_scratch, close, fork) leaves everything consistent.
+"""
+
+from __future__ import annotations
+
+import gc
+import io
+import os
+import sys
+import threading
+import time
+import warnings
+
+import pytest
+
+import test_fused_drain as fd
+from rethook.buffer import tracefile
+from rethook.buffer.tracefile import TraceWriter
+from rethook.tracers.formats import builtin_registry
+from test_fused_drain import CODES, TID, cring, finish, fused, names, tuple_path, write_records
+
+_tfenc = tracefile._tfenc
+if not hasattr(_tfenc, "_nogil"):
+    pytest.skip("rethook.buffer._tfenc is older than this test (no _nogil)",
+                allow_module_level=True)
+
+HOLD, POLICY, RELEASE = 0, 1, 2
+
+
+@pytest.fixture
+def gil_mode():
+    """Set encode_ring's GIL mode for a test; the policy back after it."""
+    def set_mode(mode: int) -> int:
+        return _tfenc._nogil(mode)[1]
+
+    yield set_mode
+    _tfenc._nogil(POLICY)
+
+
+def releases() -> int:
+    return _tfenc._nogil()[1]
+
+
+def storm(rings, count: int, codes=CODES) -> None:
+    """count records (entries and exits of nested calls) into each ring, fast."""
+    ts = 0
+    for k in range(count // 2):
+        code = codes[k % len(codes)]
+        for ring in rings:
+            ring.write(2, ts, code, None, k % 7, 0, 0, 0, 0)
+            ring.write(3, ts + 40, code, None, k % 7, ts, 0, k % 2, 0)
+        ts += 100
+
+
+class Spinner:
+    """A Python thread that notes the time as often as it runs, once let go. The switch
+    interval is long (0.2 s): a thread waiting for the GIL gets it within a shorter call
+    only if the call lets it go."""
+
+    def __init__(self) -> None:
+        self.stamps: list[int] = []
+        self.stop = False
+        self.go = threading.Event()
+        self.thread = threading.Thread(target=self._run)
+
+    def _run(self) -> None:
+        stamps, now = self.stamps, time.perf_counter_ns
+        self.go.wait()
+        while not self.stop:
+            stamps.append(now())
+
+    def __enter__(self) -> Spinner:
+        self.interval = sys.getswitchinterval()
+        sys.setswitchinterval(0.2)
+        self.thread.start()
+        self.go.set()  # (it waits for the GIL from now on)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop = True
+        self.thread.join()
+        sys.setswitchinterval(self.interval)
+
+    def ran_within(self, t0: int, t1: int) -> bool:
+        return any(t0 < s < t1 for s in self.stamps)
+
+
+@pytest.mark.parametrize("mode", [RELEASE, HOLD])
+def test_other_threads_run_while_a_large_call_encodes(mode, gil_mode):
+    """With the GIL released another Python thread runs during encode_ring; held, it cannot
+    (the control); the call releases it once, not once per batch; the payloads are the
+    same."""
+    count = 300_000
+    a, b = cring.Ring(count, TID), cring.Ring(count, TID)
+    cache = _tfenc.NameCache()
+    table: dict = {}
+    twin: dict = {}
+    storm((a, b), count)
+    gil_mode(HOLD)
+    _tfenc.encode_ring(a, TID, names, table, [], 50_000, cache)  # (names the codes)
+    _tfenc.encode_ring(b, TID, names, twin, [], 50_000)
+    storm((a, b), count)
+    gil_mode(mode)
+    before = releases()
+    gc.collect()
+    gc.disable()  # (a collection in the call could run finalizers: Python code, a switch)
+    try:
+        with Spinner() as spinner:
+            t0 = time.perf_counter_ns()
+            got = _tfenc.encode_ring(a, TID, names, table, [], 50_000, cache)
+            t1 = time.perf_counter_ns()
+    finally:
+        gc.enable()
+    assert releases() == before + (mode == RELEASE)
+    assert spinner.ran_within(t0, t1) == (mode == RELEASE)
+    gil_mode(HOLD)
+    assert got == _tfenc.encode_ring(b, TID, names, twin, [], 50_000)
+    assert len(got[2]) == 6 and table == twin
+
+
+def test_the_policy(gil_mode):
+    """The GIL goes for 4096 records or more from a ring at most half full, while no drain
+    round is open (several threads write: the round is the drain's)."""
+    gil_mode(POLICY)
+    w = fd.new_writer()
+
+    def released(capacity: int, count: int) -> bool:
+        ring = cring.Ring(capacity, TID)
+        storm((ring,), count)
+        before = releases()
+        fused(w, ring)
+        return releases() - before == 1
+
+    assert released(10_000, 4096)
+    assert not released(10_000, 4094)  # too few to be worth a handoff
+    assert not released(8000, 4096 + 2)  # more than half full: the drain is behind
+    ccore = pytest.importorskip("rethook.engine._ccore", reason="the C core is not built")
+    ccore.drain_wait(0, True)  # a round: the drain has the GIL first
+    try:
+        assert not released(10_000, 4096)
+    finally:
+        ccore.drain_end()
+    assert released(10_000, 4096)
+
+
+# -- the fused drain's tests, every call releasing the GIL -------------------------------------
+
+RERUN = [
+    "test_same_bytes_and_accounting_as_the_tuple_path",
+    "test_lost_markers_where_the_tuple_path_puts_them",
+    "test_the_fused_path_makes_no_event_tuples",
+    "test_unknown_record_types_go_the_tuple_path",
+    "test_names_that_are_not_str_go_the_tuple_path",
+    "test_a_failing_name_of_counts_the_records_lost_like_consume",
+    "test_references_are_released",
+    "test_a_code_whose_last_reference_is_a_record_is_freed_after_the_read",
+    "test_name_of_writing_the_ring_meanwhile",
+    "test_reentrant_calls",
+    "test_the_writer_names_each_code_once",
+    "test_a_name_cache_follows_the_string_table",
+    "test_a_name_cache_drops_the_names_of_another_name_of",
+    "test_a_failed_write_forgets_the_strings_in_the_name_cache",
+    "test_a_failed_batch_forgets_the_strings_in_the_name_cache",
+    "test_a_name_cache_after_running_out_of_memory",
+    "test_a_name_cache_encodes_what_a_table_of_the_call_encodes",
+    "test_reentrant_calls_into_the_same_writer",
+    "test_name_cache_api",
+    "test_prepared_writer_writes_the_same",
+    "test_pipe_rounds_write_what_the_tuple_path_writes",
+    "test_which_rounds_are_fused",
+]
+
+
+@pytest.mark.parametrize("name", RERUN)
+def test_fused_drain_tests_with_the_gil_released(name, gil_mode):
+    gil_mode(RELEASE)
+    before = releases()
+    getattr(fd, name)()
+    assert releases() > before or name in ("test_unknown_record_types_go_the_tuple_path",
+                                          "test_names_that_are_not_str_go_the_tuple_path",
+                                          "test_a_failing_name_of_counts_the_records_lost_"
+                                          "like_consume")
+
+
+@pytest.mark.parametrize("batch", [1, 2, 3, 7])
+def test_batches_split_with_the_gil_released(batch, gil_mode):
+    gil_mode(RELEASE)
+    fd.test_batches_split_as_write_events_splits(batch)
+
+
+@pytest.mark.parametrize("action", ["overwrite", "clear", "resize", "consume"])
+def test_name_of_changing_the_ring_with_the_gil_released(action, gil_mode):
+    gil_mode(RELEASE)
+    fd.test_name_of_changing_the_ring_meanwhile(action)
+
+
+def test_new_strings_between_released_batches(gil_mode):
+    """Batches naming strings the table lacks are encoded after the others, with the GIL:
+    the strings still go into the table in the tuple path's order, each STR chunk before
+    the first batch using it, over rounds that bring new codes now and then."""
+    gil_mode(RELEASE)
+    codes = [compile(f"def f{i}(): pass", "gen", "exec").co_consts[0] for i in range(40)]
+    a, b = cring.Ring(600, TID), cring.Ring(600, TID)
+    wa, wb = fd.new_writer(37), fd.new_writer(37)
+    ts = 0
+    for r in range(8):
+        # mostly codes met before, a few new ones late in the round
+        known = codes[: 5 + 4 * r]
+        for k in range(500):
+            new = codes[min(39, 6 + 4 * r + k // 90)]
+            code = known[(k * 7) % len(known)] if k % 90 != 89 else new
+            ts += 10
+            for ring in (a, b):
+                ring.write(2 + k % 2, ts, code, None, k % 5, ts - 5, 0, 0, 0)
+        assert fused(wa, a) == tuple_path(wb, b) == 500
+        assert wa._strings == wb._strings
+    assert finish(wa) == finish(wb)
+
+
+# -- other threads while the GIL is released -----------------------------------------------------
+
+
+def _while_released(action, count: int = 200_000) -> None:
+    """Run action() in another thread as soon as a call has released the GIL."""
+    start = releases()
+
+    def waiter():
+        while releases() == start:
+            time.sleep(0)
+        action()
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    return t
+
+
+@pytest.mark.parametrize("what", ["clear", "forget", "free_scratch"])
+def test_the_names_and_memory_while_released(what, gil_mode):
+    """NameCache.clear(), forget_strings() and free_scratch() from another thread while a
+    call encodes without the GIL: done when it can be (the call's end, or once the GIL is
+    back), and the files are still the tuple path's."""
+    gil_mode(RELEASE)
+    count = 200_000
+    a, b = cring.Ring(count, TID), cring.Ring(count, TID)
+    wa, wb = fd.new_writer(30_000), fd.new_writer(30_000)
+    for _ in range(2):
+        storm((a, b), count)
+        actions = {
+            "clear": wa._names.clear if wa._names is not None else lambda: None,
+            "forget": (lambda: wa._names.forget_strings(0)) if wa._names is not None
+            else lambda: None,
+            "free_scratch": _tfenc.free_scratch,
+        }
+        t = _while_released(actions[what])
+        assert fused(wa, a) == tuple_path(wb, b) == count
+        t.join()
+        assert wa._strings == wb._strings
+    if what == "clear":
+        assert len(wa._names) == 0
+    assert finish(wa) == finish(wb)
+
+
+def test_the_writer_closed_while_released(gil_mode):
+    """close() from another thread while write_native encodes: the call raises, and writes
+    nothing after the END chunk."""
+    gil_mode(RELEASE)
+    count = 200_000
+    ring = cring.Ring(count, TID)
+    storm((ring,), 100)
+    w = fd.new_writer()
+    fused(w, ring)
+    storm((ring,), count)
+    t = _while_released(w.close)
+    with pytest.raises(ValueError, match="closed"):
+        fused(w, ring)
+    t.join()
+    data = w._file.getvalue()
+    assert fd.chunk_tags(data)[-1] == tracefile.TAG_END
+    assert ring.stats()[0] == 0
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork")
+def test_fork_while_released(gil_mode):
+    """A fork while the drain thread encodes without the GIL: in the child that call never
+    ends, and what it was using (the writer's NameCache, the module's memory) is usable."""
+    gil_mode(RELEASE)
+    count = 200_000
+    ring = cring.Ring(count, TID)
+    storm((ring,), 100)
+    w = fd.new_writer()
+    fused(w, ring)
+    storm((ring,), count)
+    pids = []
+
+    def fork():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:  # the child: the same NameCache, and the module's scratch memory
+            status = 1
+            try:
+                a, b = cring.Ring(64, TID), cring.Ring(64, TID)
+                write_records((a, b), [(2 + k % 2, k % 4, None, 0, 1, k, 0, 0, 0)
+                                       for k in range(40)])
+                cache = w._names
+                ta: dict = {}
+                tb: dict = {}
+                got = _tfenc.encode_ring(a, TID, names, ta, [], 16, cache)
+                status = 0 if got == _tfenc.encode_ring(b, TID, names, tb, [], 16) else 2
+                _tfenc.reserve(1000, 100)
+                _tfenc.free_scratch()
+            finally:
+                os._exit(status)
+        pids.append(pid)
+
+    t = _while_released(fork)
+    fused(w, ring)
+    t.join()
+    _, status = os.waitpid(pids[0], 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_reserve():
+    """reserve() allocates at once (MemoryError there) and pages in on a thread of its own;
+    freeing meanwhile waits for that thread."""
+    with pytest.raises(MemoryError):
+        _tfenc.reserve(1 << 44, 65536)
+    for _ in range(3):
+        _tfenc.reserve(200_000, 65536)
+        _tfenc.free_scratch()  # (while the pages may still be coming in)
+    _tfenc.reserve(1000, 64)
+    a, b = cring.Ring(1000, TID), cring.Ring(1000, TID)
+    storm((a, b), 1000)
+    wa, wb = fd.new_writer(64), fd.new_writer(64)
+    fused(wa, a)
+    tuple_path(wb, b)
+    assert finish(wa) == finish(wb)
+    w = TraceWriter(io.BytesIO(), formats=builtin_registry())
+    with pytest.raises(MemoryError):
+        w.prepare_native(1 << 44)
