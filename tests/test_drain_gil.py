@@ -327,21 +327,34 @@ def test_fork_while_released(gil_mode):
     assert os.waitstatus_to_exitcode(status) == 0
 
 
-def test_reserve():
-    """reserve() allocates at once (MemoryError there) and pages in on a thread of its own;
-    freeing meanwhile waits for that thread."""
+def test_reserve(gil_mode):
+    """reserve() allocates at once (MemoryError there); the next call pages the memory in,
+    with the GIL released (not counted as a release to encode), and encodes as before."""
+    gil_mode(POLICY)
     with pytest.raises(MemoryError):
         _tfenc.reserve(1 << 44, 65536)
     for _ in range(3):
         _tfenc.reserve(200_000, 65536)
-        _tfenc.free_scratch()  # (while the pages may still be coming in)
+        _tfenc.free_scratch()
     _tfenc.reserve(1000, 64)
     a, b = cring.Ring(1000, TID), cring.Ring(1000, TID)
     storm((a, b), 1000)
     wa, wb = fd.new_writer(64), fd.new_writer(64)
+    before = releases()
     fused(wa, a)
+    assert releases() == before  # (1000 records: the GIL held to encode them)
     tuple_path(wb, b)
     assert finish(wa) == finish(wb)
     w = TraceWriter(io.BytesIO(), formats=builtin_registry())
     with pytest.raises(MemoryError):
         w.prepare_native(1 << 44)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_reserve_makes_no_thread():
+    """A recording's start-up makes no thread of the encoder's: a program that forks at once
+    must not be warned that it is multi-threaded."""
+    before = len(os.listdir("/proc/self/task"))
+    _tfenc.reserve(150_000, 65536)
+    assert len(os.listdir("/proc/self/task")) == before
+    _tfenc.free_scratch()

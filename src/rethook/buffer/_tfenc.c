@@ -49,7 +49,6 @@
 #include <stdint.h>
 #include <string.h>
 #include <pthread.h>
-#include <signal.h>
 #include <sys/mman.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -1396,11 +1395,7 @@ typedef struct {
     int busy;          /* a call is using it (name_of, Python code, could make another) */
     unsigned busy_gen; /* fork_gen when busy was set (see scratch_in_use()) */
     int free_pending;  /* free_scratch() was called meanwhile: done when that call ends */
-    /* reserve()'s thread paging the areas in; joined before an area is freed */
-    pthread_t pager;
-    int pager_running;
-    unsigned pager_gen;
-    Area page[5];
+    int unpaged;       /* reserve() made the areas: the next call pages them in */
 } Scratch;
 
 /* The module's state */
@@ -1415,19 +1410,10 @@ scratch_in_use(const Scratch *sc)
     return sc->busy && sc->busy_gen == fork_gen;
 }
 
-/* Wait for reserve()'s pager (it never takes the GIL, so this may hold it). */
-static void
-pager_join(Scratch *sc)
-{
-    if (sc->pager_running && sc->pager_gen == fork_gen)
-        pthread_join(sc->pager, NULL);
-    sc->pager_running = 0;
-}
-
 static void
 area_free(Scratch *sc, Area *a)
 {
-    pager_join(sc);
+    (void)sc;
     PyMem_RawFree(a->p);
     a->p = NULL;
     a->bytes = 0;
@@ -1458,7 +1444,7 @@ area_grow(Scratch *sc, Area *a, size_t n)
     size_t more = a->bytes + a->bytes / 2;
     if (more > n)
         n = more;
-    pager_join(sc);
+    (void)sc;
     void *p = n > PY_SSIZE_T_MAX ? NULL : PyMem_RawRealloc(a->p, n);
     if (p == NULL)
         return -1;
@@ -1479,9 +1465,8 @@ scratch_free(Scratch *sc)
     area_free(sc, &sc->refs);
 }
 
-/* Page [p, p + n) in for writing, its contents unchanged (what reserve()'s pager does while
- * a call may already write there): MADV_POPULATE_WRITE, or where the kernel lacks it an
- * atomic add of 0 to a byte of each page. */
+/* Page [p, p + n) in for writing (the first call after reserve(), the GIL released):
+ * MADV_POPULATE_WRITE, or where the kernel lacks it a write to each page. */
 static void
 page_in(void *p, size_t n)
 {
@@ -1495,48 +1480,18 @@ page_in(void *p, size_t n)
         return;
 #endif
     for (uintptr_t q = a; q < e; q += page)
-        __atomic_fetch_add((unsigned char *)q, 0, __ATOMIC_RELAXED);
+        *(volatile unsigned char *)q = 0;
 }
 
-static void *
-pager_run(void *arg)
+/* The areas reserve() made, paged in: they are written on every call (the references to
+ * drop rarely are). */
+static void
+page_areas(void *arg)
 {
     Scratch *sc = arg;
-    for (int i = 0; i < 5; i++)
-        page_in(sc->page[i].p, sc->page[i].bytes);
-    return NULL;
-}
-
-/* Page the areas in on a thread of its own (the caller goes on: the recorder's start-up);
- * where no thread can be made, here. The thread blocks every signal (made with them blocked):
- * a signal sent to the process is the program's threads' to handle. */
-static void
-pager_start(Scratch *sc)
-{
-    pager_join(sc);
-    sc->page[0] = sc->types;
-    sc->page[1] = sc->named;
-    sc->page[2] = sc->rows;
-    sc->page[3] = sc->vals;
-    sc->page[4] = sc->out;
-    pthread_attr_t attr;
-    sigset_t all, old;
-    sigfillset(&all);
-    int made = pthread_attr_init(&attr) == 0;
-    if (made) {
-        pthread_attr_setstacksize(&attr, 64 * 1024);
-        int masked = pthread_sigmask(SIG_SETMASK, &all, &old) == 0;
-        made = pthread_create(&sc->pager, &attr, pager_run, sc) == 0;
-        if (masked)
-            pthread_sigmask(SIG_SETMASK, &old, NULL);
-        pthread_attr_destroy(&attr);
-    }
-    if (!made) {
-        pager_run(sc);
-        return;
-    }
-    sc->pager_running = 1;
-    sc->pager_gen = fork_gen;
+    const Area *areas[] = {&sc->types, &sc->named, &sc->rows, &sc->vals, &sc->out};
+    for (size_t i = 0; i < sizeof(areas) / sizeof(areas[0]); i++)
+        page_in(areas[i]->p, areas[i]->bytes);
 }
 
 /* A record's names: the slots of its code and of a function record's parent (0, "", for the
@@ -2020,7 +1975,7 @@ encode_batch(Fused *f, Encoded *e, int held)
 
 enum { GIL_HOLD, GIL_POLICY, GIL_RELEASE };
 static int gil_mode = GIL_POLICY; /* _nogil(), for tests and measurements */
-static uint64_t gil_releases;     /* calls that released the GIL */
+static uint64_t gil_releases;     /* calls that released the GIL to encode */
 
 /* _ccore's drain round (drainround.h), or NULL when _ccore is not loaded. Holds the GIL;
  * runs no Python code (a module's attribute, no import). */
@@ -2055,20 +2010,14 @@ releases_gil(Py_ssize_t n, uint64_t cap, const rh_round_api *round)
            (round == NULL || round->current() == 0);
 }
 
-/* encode_batch() for every batch, from the rows, with the GIL released; the batches it
- * leaves (done == 0) are the caller's, with the GIL. */
+/* fn(arg) with the GIL released: no drain round open meanwhile (one the caller had is
+ * closed), and one opened just before asking for the GIL back; the caller's after. */
 static void
-encode_released(Fused *f, Encoded *enc, Py_ssize_t nenc, const rh_round_api *round)
+without_gil(const rh_round_api *round, void (*fn)(void *), void *arg)
 {
     int64_t caller_round = round != NULL ? round->take() : 0; /* (0 but in tests) */
-    NameCache *c = f->cache;
-    if (c != NULL)
-        c->released = 1;
-    gil_releases++;
     Py_BEGIN_ALLOW_THREADS
-    count_refs(f, f->moved);
-    for (Py_ssize_t b = 0; b < nenc; b++)
-        encode_batch(f, &enc[b], 0);
+    fn(arg);
     if (round != NULL) {
         int64_t back = round->now() + GIL_BACK_NS;
         round->open(caller_round > back ? caller_round : back);
@@ -2076,6 +2025,35 @@ encode_released(Fused *f, Encoded *enc, Py_ssize_t nenc, const rh_round_api *rou
     Py_END_ALLOW_THREADS
     if (round != NULL)
         round->open(caller_round);
+}
+
+typedef struct {
+    Fused *f;
+    Encoded *enc;
+    Py_ssize_t nenc;
+} Released;
+
+/* (without the GIL) */
+static void
+encode_rows(void *arg)
+{
+    Released *r = arg;
+    count_refs(r->f, r->f->moved);
+    for (Py_ssize_t b = 0; b < r->nenc; b++)
+        encode_batch(r->f, &r->enc[b], 0);
+}
+
+/* encode_batch() for every batch, from the rows, with the GIL released; the batches it
+ * leaves (done == 0) are the caller's, with the GIL. */
+static void
+encode_released(Fused *f, Encoded *enc, Py_ssize_t nenc, const rh_round_api *round)
+{
+    NameCache *c = f->cache;
+    if (c != NULL)
+        c->released = 1;
+    Released r = {f, enc, nenc};
+    gil_releases++;
+    without_gil(round, encode_rows, &r);
     if (c != NULL) {
         c->released = 0;
         if (c->forget_set) {
@@ -2323,6 +2301,10 @@ encode_ring(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     sc->busy = 1;
     sc->busy_gen = fork_gen;
     f.sc = sc;
+    if (sc->unpaged) { /* what reserve() made, paged in by the drain rather than at start-up */
+        sc->unpaged = 0;
+        without_gil(round, page_areas, sc);
+    }
     /* the names: the cache's (when a call in progress does not use it: name_of may make
      * this call), or a table of the call's own */
     Names own;
@@ -2445,9 +2427,9 @@ PyDoc_STRVAR(reserve_doc,
 "reserve(records, batch) -> None\n\
 \n\
 Make encode_ring()'s scratch memory ready for rings of up to `records` records and\n\
-batches of `batch`: allocated now (MemoryError here), and paged in by a thread of its\n\
-own while the caller goes on, rather than by the first calls (before a recording\n\
-starts, when that costs nothing).");
+batches of `batch`: allocated now (MemoryError here, before a recording starts), and\n\
+paged in by the next encode_ring() at once, with the GIL released (the drain thread's,\n\
+while the program runs), rather than page by page while it encodes.");
 
 static PyObject *
 reserve(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
@@ -2478,9 +2460,7 @@ reserve(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         area_room(sc, &sc->out, OUT_MAX(most) + (size_t)records * OUT_USUAL) < 0 ||
         area_room(sc, &sc->drop, (size_t)records * 2 * sizeof(PyObject *)) < 0)
         return NULL;
-    /* in: the names, rows, values and payloads are written on every call (the references
-     * to drop rarely are) */
-    pager_start(sc);
+    sc->unpaged = 1; /* paged in by the next call, with the GIL released */
     Py_RETURN_NONE;
 }
 
