@@ -63,7 +63,17 @@ class HiddenThread:
     def start(self) -> None:
         done = self._done = _thread.allocate_lock()
         done.acquire()
-        _thread.start_new_thread(self._run, (done,))
+        # made with the signals blocked (a thread starts with its maker's mask): from its
+        # first instruction, not from when it first gets the GIL to block them itself
+        blocked = None
+        if hasattr(signal, "pthread_sigmask"):
+            blocked = signal.pthread_sigmask(signal.SIG_BLOCK,
+                                             signal.valid_signals() - _SYNCHRONOUS)
+        try:
+            _thread.start_new_thread(self._run, (done,))
+        finally:
+            if blocked is not None:
+                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
     def _run(self, done: Any) -> None:
         self.native_id = threading.get_native_id()
