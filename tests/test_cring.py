@@ -128,47 +128,6 @@ def test_records_round_trip(cring):
     assert r.events() == records  # not consumed
 
 
-def test_populate_changes_no_record(cring):
-    """populate() faults a big ring's memory in (the drain thread does it for each new ring,
-    with the GIL released); what the ring holds and counts stays as it was."""
-    small = cring.Ring(8, 1)
-    assert small.populate() is False  # (a small array is not mapped on its own)
-    big = cring.Ring(100_000, 1)  # 5.6 MB: mapped on its own
-    records = [rec(ts, CODES[ts % 3], rtype=2, depth=ts % 7) for ts in range(1000)]
-    for x in records[:500]:
-        big.write(*x)
-    stats = big.stats()
-    assert isinstance(big.populate(), bool)  # False where the kernel lacks the advice
-    assert big.stats() == stats and big.events() == records[:500]
-    for x in records[500:]:
-        big.write(*x)
-    assert big.events() == records
-
-
-def test_populate_while_another_thread_writes(cring):
-    big = cring.Ring(100_000, 1)
-    stop = threading.Event()
-    written = []
-
-    def writer():
-        ts = 0
-        while not stop.is_set():
-            big.write(*rec(ts, ALPHA, rtype=2))
-            ts += 1
-        written.append(ts)
-
-    t = threading.Thread(target=writer)
-    t.start()
-    try:
-        for _ in range(5):
-            big.populate()
-    finally:
-        stop.set()
-        t.join(JOIN_SECONDS)
-    n = min(written[0], 100_000)
-    assert tss(big.events()) == list(range(written[0] - n, written[0]))
-
-
 def test_overwrite_accounting(cring):
     r = cring.Ring(4, 1)
     for ts in range(10):

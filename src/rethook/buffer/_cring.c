@@ -10,8 +10,7 @@
  * events: cring.h), for the trace file writer, which encodes records without event tuples
  * (_tfenc.c's encode_ring).
  *
- * Everything runs under the GIL and nothing here takes a lock (Ring.populate() lets the GIL
- * go, touching no record meanwhile). What a method reads or changes
+ * Everything runs under the GIL and nothing here takes a lock. What a method reads or changes
  * in the ring it does in one step that cannot run Python code (no object allocation, no
  * DECREF reaching zero); only then does it build Python objects or release references, from
  * records it has copied or moved out of the ring. Python code that runs meanwhile (a GC
@@ -653,30 +652,6 @@ ring_resize(rh_ring *r, PyObject *arg)
     Py_RETURN_NONE;
 }
 
-/* Fault the record array in, with the GIL released: the drain thread does it for a new ring,
- * on its own core, so that the program's first pass through the array does not stop at each
- * page (on a VM, first-touch memory costs ~1 ms per MB). madvise(MADV_POPULATE_WRITE) faults
- * the pages in as a write would and writes nothing; if another thread frees the array
- * meanwhile (clear, resize), it fails on the unmapped range or faults in what is mapped there
- * now: no data changes either way. Small arrays (PyMem) are left alone. */
-static PyObject *
-ring_populate(rh_ring *r, PyObject *Py_UNUSED(ignored))
-{
-#if defined(MADV_HUGEPAGE) && defined(MADV_POPULATE_WRITE)
-    size_t bytes = recs_bytes(r->capacity);
-    if (bytes >= HUGE_PAGE) {
-        void *start = r->recs;
-        size_t len = (bytes + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1);
-        int rc;
-        Py_BEGIN_ALLOW_THREADS
-        rc = madvise(start, len, MADV_POPULATE_WRITE);
-        Py_END_ALLOW_THREADS
-        return PyBool_FromLong(rc == 0);
-    }
-#endif
-    Py_RETURN_FALSE;
-}
-
 static PyMethodDef ring_methods[] = {
     {"write", (PyCFunction)ring_write, METH_VARARGS,
      "write(type, ts, code, parent, depth, calltime, sleep, flags, overrun) -> bool\n\n"
@@ -698,9 +673,6 @@ static PyMethodDef ring_methods[] = {
      "clear() -> None: drop every record and reset the counters."},
     {"resize", (PyCFunction)ring_resize, METH_O,
      "resize(capacity) -> None: keep the newest records that fit; the others are lost."},
-    {"populate", (PyCFunction)ring_populate, METH_NOARGS,
-     "populate() -> bool: fault the record array's memory in now, with the GIL released;\n"
-     "False where that is not done (a small array, an old kernel)."},
     {NULL, NULL, 0, NULL},
 };
 

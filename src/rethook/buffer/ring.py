@@ -624,7 +624,6 @@ class TraceBuffer:
         self._name_of: _native.NameOf = _native.default_name_of
         self._poll_seconds = PIPE_POLL_SECONDS  # NATIVE_PIPE_POLL_SECONDS once a ring exists
         self._writers = 0  # threads whose native records a round fed in WRITERS_SECONDS
-        self._unpopulated: list[Any] = []  # rings the drain has not faulted in yet
         _live_buffers.add(self)
 
     # -- writers --------------------------------------------------------------------------
@@ -677,7 +676,6 @@ class TraceBuffer:
                 ring.on = self._on
                 ring.overwrite = self._overwrite
                 buf._native = ring
-                self._unpopulated.append(ring)
                 first = self._poll_seconds != NATIVE_PIPE_POLL_SECONDS
                 self._poll_seconds = NATIVE_PIPE_POLL_SECONDS
             if first and self._waiting:
@@ -847,16 +845,11 @@ class TraceBuffer:
         records encoded without event tuples). Returns the other threads' items, merged, or
         None when ``feed`` took everything there was.
 
-        A ring made since the last call is faulted in first, without the GIL (``populate``):
-        the drain thread's core pays for its memory rather than the program's first calls.
-
         Every thread's Python side is consumed first, then the rings, as :meth:`_consume`
         does for one thread; a thread's records stay in their order, and across threads the
         order of a round's reads never mattered (each thread's writer runs meanwhile, a round
         is one moment per thread).
         """
-        while self._unpopulated:
-            self._unpopulated.pop().populate()
         with self._pipe_lock:
             buffers = self.buffers()
             python = [buf._consume_python() for buf in buffers]
@@ -897,7 +890,6 @@ class TraceBuffer:
         self._cond = threading.Condition(threading.Lock())
         self._waiting = 0
         self._pipe_lock = threading.Lock()
-        self._unpopulated = []  # (the parent's: its drain's business)
         me: ThreadBuffer | None = getattr(self._tls, "buf", None)
         self._buffers = []
         if me is None:
