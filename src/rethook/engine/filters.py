@@ -112,6 +112,11 @@ class Pattern:
         """The pattern as ``cat`` shows it (without the ``!``)."""
         return self.glob if self.module is None else f"{self.glob}:mod:{self.module}"
 
+    @property
+    def everything(self) -> bool:
+        """A bare ``*``: every function, whatever its name or module."""
+        return self.glob == "*" and self.module is None
+
 
 @dataclass(frozen=True, slots=True)
 class FilterCommand:
@@ -378,7 +383,7 @@ def _compile_hash(entries: tuple[_Entry, ...]) -> Matcher | None:
     if not entries:
         return None
     if all(e.include for e in entries):
-        if any(e.pattern.glob == "*" and e.pattern.module is None for e in entries):
+        if any(e.pattern.everything for e in entries):
             return _match_every  # -l '*': no need to look at the function
         free = _GlobSet(e.pattern.glob for e in entries if e.pattern.module is None)
         scoped = tuple(e.compiled for e in entries if e.pattern.module is not None)
@@ -544,8 +549,7 @@ class FunctionFilter:
         """Which modules can hold a function the filter hash selects (the registry completes
         just those before a selection); None: any module (an empty hash, a pattern without
         ``:mod:``, or with a glob in it). The notrace hash only takes functions away."""
-        if any(e.include and e.pattern.glob == "*" and e.pattern.module is None
-               for e in self._state.notrace):
+        if any(e.include and e.pattern.everything for e in self._state.notrace):
             return no_modules  # nothing is selected
         modules = []
         for e in self._state.filter:
@@ -692,7 +696,7 @@ class _Resolver:
 
     def check(self, pattern: Pattern) -> None:
         """Raise unless the pattern selects something or may once a module is imported."""
-        if pattern.glob == "*" and pattern.module is None and self.registry.has_functions():
+        if pattern.everything and self.registry.has_functions():
             return  # it selects every function, and some exist: no need to list them
         if not _index_for(self.registry, pattern).any(pattern) and \
                 not self.may_load_later(pattern):

@@ -531,6 +531,11 @@ class Registry:
         mod = sys.modules.get(name)
         if not isinstance(mod, ModuleType) or is_own_module(name):
             return []
+        return self._register_module(mod)
+
+    def _register_module(self, mod: ModuleType) -> list[FunctionInfo]:
+        """Register the functions a module's namespace holds that are still unknown; returns
+        the new listable ones. Caller holds the lock."""
         owners: dict[int, tuple[type, str]] = {}
         return _listable(self._register_functions(
             _namespace_functions(mod, self._by_id, owners), owners))
@@ -856,9 +861,8 @@ class Registry:
         if not isinstance(name, str):
             return
         with self._lock:
-            owners: dict[int, tuple[type, str]] = {}
-            found = _listable(self._register_functions(
-                _namespace_functions(module, self._by_id, owners), owners))
+            found = self._register_module(module)
+            self._walked.add(name)  # (discover() need not walk it again)
             if name in self._pending_namespaces:
                 self._pending_namespaces.remove(name)
         self._notify(found)
