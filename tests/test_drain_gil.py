@@ -227,7 +227,18 @@ def test_new_strings_between_released_batches(gil_mode):
 # -- other threads while the GIL is released -----------------------------------------------------
 
 
-def _while_released(action, count: int = 200_000) -> None:
+def _writer_and_full_ring(count: int = 200_000):
+    """A writer that has named the ring's codes (a first, small call), and the ring then
+    filled with ``count`` records: the next call encodes them with the GIL released."""
+    ring = cring.Ring(count, TID)
+    storm((ring,), 100)
+    w = fd.new_writer()
+    fused(w, ring)
+    storm((ring,), count)
+    return w, ring
+
+
+def _while_released(action) -> threading.Thread:
     """Run action() in another thread as soon as a call has released the GIL."""
     start = releases()
 
@@ -271,12 +282,7 @@ def test_the_writer_closed_while_released(gil_mode):
     """close() from another thread while write_native encodes: the call raises, and writes
     nothing after the END chunk."""
     gil_mode(RELEASE)
-    count = 200_000
-    ring = cring.Ring(count, TID)
-    storm((ring,), 100)
-    w = fd.new_writer()
-    fused(w, ring)
-    storm((ring,), count)
+    w, ring = _writer_and_full_ring()
     t = _while_released(w.close)
     with pytest.raises(ValueError, match="closed"):
         fused(w, ring)
@@ -291,12 +297,7 @@ def test_fork_while_released(gil_mode):
     """A fork while the drain thread encodes without the GIL: in the child that call never
     ends, and what it was using (the writer's NameCache, the module's memory) is usable."""
     gil_mode(RELEASE)
-    count = 200_000
-    ring = cring.Ring(count, TID)
-    storm((ring,), 100)
-    w = fd.new_writer()
-    fused(w, ring)
-    storm((ring,), count)
+    w, ring = _writer_and_full_ring()
     pids = []
 
     def fork():
