@@ -638,3 +638,41 @@ def test_first_call_on_a_thread_is_not_charged_for_its_ring(on_c_core):
     assert len(first) == 2 and set(ready) == set(first)
     for tid, ev in first.items():
         assert ev[1] >= ready[tid], (tid, ev, ready[tid])
+
+
+def test_a_thread_whose_ring_cannot_be_made_runs_untraced(on_c_core, capsys):
+    """The native user makes a thread's ring on its first call (fgraph_direct.h's prepare
+    hook, through Python). When that fails, each call of the thread is declined and counted
+    as the user's error, its exit stays matched, and the program's results are unchanged;
+    the other threads keep recording."""
+    fs = Tracefs()
+    try:
+        buf = fs.ctx.buffer
+        make = buf.native_local
+        refused: set[int] = set()
+
+        def native_local(name_of):
+            if threading.current_thread() is not threading.main_thread():
+                refused.add(threading.get_native_id())
+                raise MemoryError("no ring for this thread")
+            return make(name_of)
+
+        buf.native_local = native_local
+        fs.write("set_ftrace_filter", "programs.calls.fib")
+        fs.write("current_tracer", "function_graph")
+        assert "Native" in type(fs.tracer.ops).__name__
+        out: list[int] = []
+        t = threading.Thread(target=lambda: out.append(calls.fib(6)))
+        t.start()
+        t.join()
+        assert out == [8]
+        assert calls.fib(3) == 2
+        fs.write("tracing_on", "0")
+        events = list(buf.iter_trace())
+        errors = fs.ctx.engine.registration(fs.tracer.ops).errors
+    finally:
+        fs.close()
+    assert len(refused) == 1 and not refused & {ev[2] for ev in events}
+    assert len(events) == 2 * 5  # fib(3) on the main thread: 5 calls, entry and exit each
+    assert errors == 25  # fib(6): 25 calls, each declined
+    assert "no ring for this thread" in capsys.readouterr().err

@@ -257,15 +257,18 @@ typedef struct {
     PyObject *direct_entry;   /* borrowed: (code, reg, capsule) or NULL (fgraph_direct.h) */
     const rh_direct *direct;  /* the capsule's hooks, or NULL (for a generator's code: only
                                * when the capsule has the generator hooks) */
-    long flags;
-} Slot;
+    int flags;
+    int prepared;             /* direct has a prepare hook: its entry runs no Python code */
+} Slot; /* 64 bytes, a cache line: the slots are aligned to lines (publish()) */
 
+#define SLOT_ALIGN 64 /* a cache line: a lookup misses once, not twice */
 typedef struct {
     size_t mask;
     Py_ssize_t used;
     PyObject *dict; /* the published dict (kept for table()) */
-    Slot slots[];
+    Slot slots[] __attribute__((aligned(SLOT_ALIGN)));
 } Table;
+_Static_assert(sizeof(Slot) <= SLOT_ALIGN, "a slot fits one cache line");
 
 static Table empty_table = {0, 0, NULL, {}};
 static Table *table = &empty_table;
@@ -305,7 +308,7 @@ table_free(Table *tb)
     for (size_t i = 0; i <= tb->mask; i++)
         Py_XDECREF(tb->slots[i].dispatch);
     Py_XDECREF(tb->dict);
-    PyMem_Free(tb);
+    free(tb); /* (aligned_alloc) */
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -1047,23 +1050,36 @@ missed(PyObject *code, int graph_only)
 static PyObject *last_capsule;      /* strong: the capsule last_direct came from */
 static const rh_direct *last_direct; /* (PyCapsule_GetPointer compares names with strcmp) */
 
+/* The hooks of a direct entry, or NULL with an error set. */
+static inline const rh_direct *
+direct_hooks(PyObject *entry)
+{
+    PyObject *capsule = PyTuple_GET_ITEM(entry, 2);
+    if (capsule == last_capsule)
+        return last_direct;
+    const rh_direct *d = PyCapsule_GetPointer(capsule, RH_DIRECT_CAPSULE);
+    if (d != NULL) {
+        Py_XSETREF(last_capsule, Py_NewRef(capsule));
+        last_direct = d;
+    }
+    return d;
+}
+
+/* The exit hook of a direct entry: 0, or -1 with an error set (the hook's, or no hooks). */
+static inline int
+direct_exit_hook(PyObject *entry, PyObject *exc, long flags, long long t,
+                 PyThreadState *tstate)
+{
+    const rh_direct *d = direct_hooks(entry);
+    return d == NULL ? -1 : d->exit(d->self, tstate, PyTuple_GET_ITEM(entry, 0), t,
+                                    exc == Py_None ? NULL : exc, flags);
+}
+
 static void
 direct_exit(PyObject *entry, PyObject *exc, long flags, long long t, PyThreadState *tstate,
             PyObject **pending)
 {
-    PyObject *capsule = PyTuple_GET_ITEM(entry, 2);
-    const rh_direct *d = last_direct;
-    if (capsule != last_capsule) {
-        d = PyCapsule_GetPointer(capsule, RH_DIRECT_CAPSULE);
-        if (d == NULL) {
-            stash_error(pending);
-            return;
-        }
-        Py_XSETREF(last_capsule, Py_NewRef(capsule));
-        last_direct = d;
-    }
-    if (d->exit(d->self, tstate, PyTuple_GET_ITEM(entry, 0), t,
-                exc == Py_None ? NULL : exc, flags) < 0)
+    if (direct_exit_hook(entry, exc, flags, t, tstate) < 0)
         handler_error(PyTuple_GET_ITEM(entry, 1), pending);
 }
 
@@ -1326,11 +1342,48 @@ accepted(PyObject *data)
  * and leave everything else to the general path:
  *
  *   entry   the shadow stack gets the direct entry (in place when the list has room), then
- *           the user's entry hook; declined -> the function's marker.
+ *           the user's entry hook; declined -> the function's marker. A user with a prepare
+ *           hook runs no Python code in entry, so for it nothing is held and the thread is
+ *           not marked busy: the call touches the slot and the direct entry, nothing else of
+ *           the dispatch (sqlglot: the dispatch tuple's line missed the cache on most calls).
+ *           Its answer RH_DIRECT_PREPARE leaves the call to the general path.
  *   exit    the top entry is this code's direct entry and is not its last reference (the
  *           dispatch still holds it, so popping it frees nothing): popped, then the exit hook.
  *
  * Both return 1 when they handled the event, 0 to fall through to the general path. */
+static inline int
+direct_start_prepared(PyThreadState *tstate, PyObject *ts, const Slot *s, PyObject *code,
+                      PyObject *stack, Py_ssize_t n, PyObject **pending)
+{
+    PyObject *entry = s->direct_entry;
+    const rh_direct *d = s->direct;
+    long long tn = now_ns();
+    PyObject **items = ((PyListObject *)stack)->ob_item;
+    items[n] = Py_NewRef(entry);
+    Py_SET_SIZE(stack, n + 1);
+    int r = d->entry(d->self, tstate, code, tn);
+    if (r == 1)
+        return 1;
+    /* (the dispatch holds other references to the entry and the marker: nothing is freed) */
+    if (r == RH_DIRECT_PREPARE) { /* the thread's first call: the general path prepares it */
+        Py_SET_SIZE(stack, n);
+        Py_DECREF(entry);
+        return 0;
+    }
+    ((PyListObject *)stack)->ob_item[n] = Py_NewRef(s->marker); /* declined, or failed */
+    Py_DECREF(entry);
+    if (r < 0) { /* counted as its handler's error, which runs Python code: as rethook's */
+        PyObject *dispatch = Py_NewRef(s->dispatch);
+        Py_INCREF(ts);
+        SET_BUSY(ts, 1);
+        handler_error(PyTuple_GET_ITEM(s->graph, 0), pending);
+        SET_BUSY(ts, 0);
+        Py_DECREF(ts);
+        Py_DECREF(dispatch);
+    }
+    return 1;
+}
+
 static inline int
 direct_start(PyThreadState *tstate, PyObject *ts, const Slot *s, PyObject *code,
              PyObject **pending)
@@ -1341,6 +1394,8 @@ direct_start(PyThreadState *tstate, PyObject *ts, const Slot *s, PyObject *code,
     Py_ssize_t n = PyList_GET_SIZE(stack);
     if (n >= max_depth || ((PyListObject *)stack)->allocated <= n)
         return 0; /* overrun, or the list must grow: the general path */
+    if (s->prepared)
+        return direct_start_prepared(tstate, ts, s, code, stack, n, pending);
     Py_INCREF(ts);
     SET_BUSY(ts, 1);
     /* The dispatch holds the direct entry, the marker and the registration: held across the
@@ -1382,13 +1437,17 @@ direct_return(PyThreadState *tstate, PyObject *ts, PyObject *code, PyObject *exc
     PyObject *top = PyList_GET_ITEM(stack, n - 1);
     if (!is_direct(top) || PyTuple_GET_ITEM(top, 0) != code || Py_REFCNT(top) < 2)
         return 0;
-    Py_INCREF(ts);
-    SET_BUSY(ts, 1);
     Py_SET_SIZE(stack, n - 1); /* our reference to top now */
-    direct_exit(top, exc, 0, now_ns(), tstate, pending);
+    /* An exit hook runs no Python code (fgraph_direct.h): the thread is marked busy only for
+     * the error's report, which does. */
+    if (direct_exit_hook(top, exc, 0, now_ns(), tstate) < 0) {
+        Py_INCREF(ts);
+        SET_BUSY(ts, 1);
+        handler_error(PyTuple_GET_ITEM(top, 1), pending);
+        SET_BUSY(ts, 0);
+        Py_DECREF(ts);
+    }
     Py_DECREF(top);
-    SET_BUSY(ts, 0);
-    Py_DECREF(ts);
     return 1;
 }
 
@@ -1713,17 +1772,27 @@ on_start(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
          * Pushed first as below; the hooks run no Python code, so nothing sees the stack
          * between the push and the answer. */
         long long tn = now_ns();
-        if (PyList_Append(stack, s->direct_entry) < 0) {
+        PyObject *direct_entry = s->direct_entry; /* (s may go if prepare() runs) */
+        const rh_direct *d = s->direct;
+        if (PyList_Append(stack, direct_entry) < 0) {
             stash_error(&pending);
             push(stack, marker, &pending);
             goto done;
         }
-        int r = s->direct->entry(s->direct->self, tstate, code, tn);
+        int r = d->entry(d->self, tstate, code, tn);
+        if (r == RH_DIRECT_PREPARE) { /* the thread's first call of a version-3 user */
+            r = d->prepare(d->self, tstate) < 0 ? -1 : d->entry(d->self, tstate, code, now_ns());
+            if (r == RH_DIRECT_PREPARE) {
+                PyErr_SetString(PyExc_SystemError, "rethook: a direct user's prepare() left "
+                                "the thread unprepared");
+                r = -1;
+            }
+        }
         if (r <= 0) { /* declined (or failed: counted as its handler's error) */
             if (r < 0)
                 handler_error(PyTuple_GET_ITEM(graph, 0), &pending);
             Py_ssize_t n = PyList_GET_SIZE(stack);
-            if (n && PyList_GET_ITEM(stack, n - 1) == s->direct_entry &&
+            if (n && PyList_GET_ITEM(stack, n - 1) == direct_entry &&
                 PyList_SetItem(stack, n - 1, Py_NewRef(marker)) < 0)
                 stash_error(&pending);
         }
@@ -2213,7 +2282,9 @@ parse_entry(PyObject *key, PyObject *value, Slot *out)
     out->marker = PyTuple_GET_ITEM(value, 3) == Py_None ? NULL : PyTuple_GET_ITEM(value, 3);
     out->direct_entry = direct ? direct_entry : NULL;
     out->direct = direct;
-    out->flags = flags;
+    out->flags = (int)flags;
+    out->prepared = direct != NULL &&
+                    rh_direct_prepare(direct, rh_direct_size(PyTuple_GET_ITEM(direct_entry, 2)));
     return 0;
 }
 
@@ -2300,9 +2371,11 @@ publish(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
         size_t cap = 8;
         while (cap < (size_t)n * 3) /* room to grow in place by half as much again */
             cap <<= 1;
-        tb = PyMem_Calloc(1, sizeof(Table) + cap * sizeof(Slot));
+        size_t size = sizeof(Table) + cap * sizeof(Slot);
+        tb = aligned_alloc(SLOT_ALIGN, (size + SLOT_ALIGN - 1) / SLOT_ALIGN * SLOT_ALIGN);
         if (tb == NULL)
             return PyErr_NoMemory();
+        memset(tb, 0, size);
         tb->mask = cap - 1;
         tb->dict = Py_NewRef(dict);
         Py_ssize_t pos = 0;

@@ -43,6 +43,15 @@
  *   The hooks are called only while the record still holds its claim (a sweep may have
  *   delivered it), each claim's exit exactly once.
  *
+ * Preparing a thread (version 3: the prepare hook). A user with prepare never runs Python code
+ * in entry: when the calling thread has no per-thread state of the user yet, entry does
+ * nothing and returns RH_DIRECT_PREPARE; the core then marks the thread busy, holds what the
+ * call needs, calls prepare(self, tstate) (which may run Python code to make that state: 0
+ * done, -1 an error is set) and enters the call again with a fresh time. So the core's fast
+ * path calls entry with no reference held and no busy mark: nothing can run between its look
+ * at the dispatch and the hook's return. Without prepare (older users), entry may run Python
+ * code on a thread's first call and the core guards every call.
+ *
  * No Python object is made per event: a plain function's shadow-stack entry is shared by every
  * call of it, a generator call's record (from a freelist) and entry data are made once per
  * call, the timestamps stay C integers. Rules the user must keep:
@@ -90,7 +99,12 @@ typedef struct rh_direct {
                       int64_t t);
     int (*gen_exit)(void *self, PyThreadState *tstate, PyObject *code, PyObject *data,
                     int64_t t0, int64_t t, int64_t sleep, PyObject *exc, long flags);
+    /* --- version 3: preparing a thread (see above); NULL: entry may run Python code --- */
+    int (*prepare)(void *self, PyThreadState *tstate);
 } rh_direct;
+
+/* What a version-3 entry returns when the thread has no state of the user yet. */
+#define RH_DIRECT_PREPARE 2
 
 /* The size of the first version's struct (entry and exit only). */
 #define RH_DIRECT_SIZE_V1 (offsetof(rh_direct, gen_entry))
@@ -127,6 +141,12 @@ rh_direct_has_gen(const rh_direct *d, size_t size)
 {
     return size >= offsetof(rh_direct, gen_exit) + sizeof(d->gen_exit) && d->gen_entry &&
            d->gen_suspend && d->gen_resume && d->gen_exit;
+}
+
+/* The prepare hook of the rh_direct d (of size bytes), or NULL. */
+static inline int (*rh_direct_prepare(const rh_direct *d, size_t size))(void *, PyThreadState *)
+{
+    return size >= offsetof(rh_direct, prepare) + sizeof(d->prepare) ? d->prepare : NULL;
 }
 
 #endif

@@ -358,14 +358,27 @@ stack_remove(TState *st, NCall *c, NCall **parent)
     c->in_stack = 0;
 }
 
-/* The calling thread's state, created on first use (with its ring, from the buffer). */
+/* The state of the thread ts if it has one (cached in e), or NULL. Runs no Python code. */
 static TState *
-tstate_slow(NUser *u, PyThreadState *ts, TCache *e)
+tstate_find(NUser *u, PyThreadState *ts, TCache *e)
 {
     TState *st;
     for (st = u->states; st != NULL; st = st->next)
         if (st->tstate == ts && st->tstate_id == ts->id)
             break;
+    if (st != NULL) {
+        e->tstate = ts;
+        e->id = ts->id;
+        e->st = st;
+    }
+    return st;
+}
+
+/* The calling thread's state, created on first use (with its ring, from the buffer). */
+static TState *
+tstate_slow(NUser *u, PyThreadState *ts, TCache *e)
+{
+    TState *st = tstate_find(u, ts, e);
     if (st == NULL) {
         rh_ring *ring = NULL;
         if (u->buffer != Py_None) {
@@ -408,6 +421,16 @@ tstate_in(NUser *u, PyThreadState *ts)
     if (e->tstate == ts && e->id == ts->id)
         return e->st;
     return tstate_slow(u, ts, e);
+}
+
+/* tstate_in() without making a state: NULL when the thread has none. */
+static inline TState *
+tstate_known(NUser *u, PyThreadState *ts)
+{
+    TCache *e = &u->cache[hash_ptr(ts) & (TS_CACHE - 1)];
+    if (e->tstate == ts && e->id == ts->id)
+        return e->st;
+    return tstate_find(u, ts, e);
 }
 
 static inline TState *
@@ -703,15 +726,14 @@ dstack_push(TState *st, DCall c)
     return 0;
 }
 
+/* Runs no Python code: a thread without a state yet is left to direct_prepare(). */
 static int
 direct_entry(void *self, PyThreadState *tstate, PyObject *code, int64_t t)
 {
     NUser *u = self;
-    unsigned long made = u->made;
-    TState *st = tstate_in(u, tstate);
+    TState *st = tstate_known(u, tstate);
     if (st == NULL)
-        return -1;
-    t = fresh_time(u, made, t);
+        return RH_DIRECT_PREPARE;
     DCall c = {t, 0, CALL_RECORD};
     int r = graph_admit(u, st, code, &c.kind);
     if (r <= 0)
@@ -720,6 +742,13 @@ direct_entry(void *self, PyThreadState *tstate, PyObject *code, int64_t t)
         return -1;
     graph_enter(u, st, code, t, c.kind, &st->dstack[st->ndstack - 1].d, RH_FUNCGRAPH_ENTRY);
     return 1;
+}
+
+/* The calling thread's state, with its ring (made through Python). */
+static int
+direct_prepare(void *self, PyThreadState *tstate)
+{
+    return tstate_in(self, tstate) == NULL ? -1 : 0;
 }
 
 /* The newest direct call of thread st leaves (returns, raises, or is delivered unfinished). */
@@ -742,9 +771,12 @@ direct_exit(void *self, PyThreadState *tstate, PyObject *code, int64_t t, PyObje
             long flags)
 {
     NUser *u = self;
-    TState *st = tstate_in(u, tstate);
-    if (st == NULL)
+    TState *st = tstate_known(u, tstate); /* (its entry made it: no Python code runs) */
+    if (st == NULL) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "rethook: a direct exit on a thread the user has no state for");
         return -1;
+    }
     return direct_leave(u, st, code, t, exc != NULL && exc != Py_None, flags);
 }
 
@@ -1295,6 +1327,7 @@ NUser_direct(NUser *u, PyObject *Py_UNUSED(ignored))
     u->direct.gen_suspend = direct_gen_suspend;
     u->direct.gen_resume = direct_gen_resume;
     u->direct.gen_exit = direct_gen_exit;
+    u->direct.prepare = direct_prepare;
     /* No reference to the user: a capsule is invisible to the GC, so one would make the
      * cycle user -> buffer -> ... -> ops -> capsule -> user uncollectable. The ops object that
      * holds the capsule holds the user too (fgraph_direct.h). */
