@@ -95,3 +95,27 @@ def test_record_loads_no_probes_or_text_views(tmp_path):
 def test_a_probe_loads_the_probe_machinery(tmp_path):
     mods = _record(tmp_path, "-p", "nop", "-e", "r:done __main__.main ret=$retval")
     assert _loaded(mods, PROBES) == sorted(PROBES)
+
+
+def test_record_of_a_program_without_functions_scans_nothing(tmp_path):
+    """Checking the default filter (``*:mod:__main__``) and the ``*`` that then turns tracing
+    off needs no walk of the heap (``gc.get_objects()``, ~10 ms at start-up): the module is
+    loaded, and loaded modules hold functions."""
+    prog = tmp_path / "empty.py"
+    prog.write_text("x = 1\n")
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
+        import gc, sys
+        from rethook.cli.main import main
+        walks = []
+        real = gc.get_objects
+        gc.get_objects = lambda *a: walks.append(1) or real(*a)
+        sys.argv = ["rethook", "record", "-o", {str(tmp_path / "t.dat")!r}, {str(prog)!r}]
+        try:
+            main()
+        except SystemExit:
+            pass
+        print(len(walks), file=sys.__stdout__)
+    """)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "defines no functions of its own" in out.stderr
+    assert out.stdout.split() == ["0"]

@@ -708,12 +708,15 @@ class _Resolver:
         names functions of one whose body has not run yet (which may generate them)."""
         registry = self.registry
         if pattern.module is not None:
-            loaded = set(sys.modules) | registry.modules()
+            # sys.modules first: the registry's modules may need a scan of the heap
             if _has_glob(pattern.module):
                 rx = compile_glob(pattern.module)
-                return not any(rx.fullmatch(m) for m in loaded)
+                return not any(rx.fullmatch(m) for m in sys.modules) and \
+                    not any(rx.fullmatch(m) for m in registry.modules())
             # a package whose modules were all prepared (-m) says for sure what it holds
-            return pattern.module not in loaded and not registry.covers(pattern.module)
+            return pattern.module not in sys.modules and \
+                pattern.module not in registry.modules() and \
+                not registry.covers(pattern.module)
         parts = pattern.glob.split(".")
         if len(parts) < 2:
             return False

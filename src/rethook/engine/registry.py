@@ -379,8 +379,16 @@ class Registry:
         return self._modules | self._unregistered.keys()
 
     def has_functions(self) -> bool:
-        """Whether any function exists: a registered one, or else one a scan finds."""
-        return bool(self._modules) or bool(self.modules())
+        """Whether any function exists: a registered one, or one in a loaded module's namespace
+        (found without a scan: almost always), or else one a scan finds."""
+        if self._modules:
+            return True
+        for module in list(sys.modules.values()):
+            namespace = getattr(module, "__dict__", None)
+            if isinstance(namespace, dict) and self._tops(
+                    [v for v in list(namespace.values()) if type(v) is FunctionType]):
+                return True
+        return bool(self.modules())
 
     def __len__(self) -> int:
         return len(self.functions())
