@@ -17,7 +17,7 @@ from pathlib import Path
 
 #: Loaded by the command line before it knows what to do (``--help``): nothing else of rethook.
 HELP_ALLOWED = ("rethook.cli", "rethook.tracers",  # the tracers' package: their names only
-                "rethook.limits", "rethook.printable")  # small, and import nothing
+                "rethook.limits", "rethook.printable", "rethook.gcpause")  # small, import nothing
 #: Never needed to record a trace without probes.
 NOT_FOR_RECORD = ("rethook.probes.events", "rethook.probes.fetch", "rethook.probes.evfilter",
                   "rethook.probes.hist", "rethook.probes.triggers", "rethook.probes.dynevent",
@@ -119,3 +119,43 @@ def test_record_of_a_program_without_functions_scans_nothing(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "defines no functions of its own" in out.stderr
     assert out.stdout.split() == ["0"]
+
+
+def test_the_program_finds_the_collector_as_python_left_it(tmp_path):
+    """record, stream and profile pause the cyclic GC for their own set-up (gcpause) and
+    resume it before the program's first line: the program sees what ``python`` gives it."""
+    prog = tmp_path / "prog.py"
+    prog.write_text(textwrap.dedent("""
+        import gc
+
+        def show():
+            print(gc.isenabled(), gc.get_threshold(), gc.get_freeze_count())
+
+        show()
+    """))
+    plain = subprocess.run([sys.executable, str(prog)], capture_output=True, text=True,
+                           timeout=120)
+    assert plain.stdout.startswith("True (")
+    for command in (["record", "-o", str(tmp_path / "t.dat")], ["stream"], ["profile"]):
+        r = subprocess.run([sys.executable, "-m", "rethook", *command, str(prog)],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert plain.stdout.strip() in r.stdout.splitlines(), command  # (stream: events too)
+
+
+def test_a_command_that_fails_before_the_program_resumes_the_collector(tmp_path):
+    """A bad filter ends record before the program runs: in-process (as tests and embedders
+    call the command line) the collector is running again afterwards."""
+    import gc
+
+    from click.testing import CliRunner
+
+    from rethook.cli.main import cli
+
+    prog = tmp_path / "prog.py"
+    prog.write_text("def f():\n    pass\n\nf()\n")
+    assert gc.isenabled()
+    r = CliRunner().invoke(cli, ["record", "-l", "no_such_function_anywhere", "-o",
+                                 str(tmp_path / "t.dat"), str(prog)])
+    assert r.exit_code == 2, r.output
+    assert gc.isenabled()

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import click
 
 import rethook
+from rethook import gcpause
 from rethook.cli.args import (
     ProgramCommand,
     attach_options,
@@ -207,9 +208,10 @@ def record(ctx: click.Context, output: str, module: str | None, program: tuple[s
 
         sys.exit(record_running(pid, params["children"], settings_from(params), output,
                                 params["duration"]))
-    prog = _program(ctx, module, program)
-    settings = settings_from(params)
-    outcome = _record(ctx, prog, settings, output)
+    with gcpause.paused():  # rethook's set-up (run_main resumes it as the program starts)
+        prog = _program(ctx, module, program)
+        settings = settings_from(params)
+        outcome = _record(ctx, prog, settings, output)
     _exit(outcome)
 
 
@@ -276,11 +278,12 @@ def stream(ctx: click.Context, module: str | None, program: tuple[str, ...],
     from rethook.runner.observers import Streamer
     from rethook.runner.run import Session
 
-    prog = _program(ctx, module, program)
-    settings = settings_from(params)
-    fs, filters = _prepare(ctx, prog, settings)
-    children = _follow("stream", settings, filters)
-    outcome = Session(prog, fs, children).run([Streamer(sys.stdout, children)])
+    with gcpause.paused():  # rethook's set-up (run_main resumes it as the program starts)
+        prog = _program(ctx, module, program)
+        settings = settings_from(params)
+        fs, filters = _prepare(ctx, prog, settings)
+        children = _follow("stream", settings, filters)
+        outcome = Session(prog, fs, children).run([Streamer(sys.stdout, children)])
     _exit(outcome)
 
 
@@ -336,13 +339,15 @@ def profile(ctx: click.Context, module: str | None, program: tuple[str, ...],
     from rethook.runner.observers import ProfileObserver
     from rethook.runner.run import Session
 
-    prog = _program(ctx, module, program)
-    settings = settings_from(params, tracer="nop")
-    fs, filters = _prepare(ctx, prog, settings, tracer=False)
-    children = _follow("profile", settings, filters)
-    graph_time = fs.ctx.options["graph-time"]
-    outcome = Session(prog, fs, children).run(
-        [ProfileObserver(children, show=lambda tables, abrupt: show(tables, abrupt, graph_time))])
+    with gcpause.paused():  # rethook's set-up (run_main resumes it as the program starts)
+        prog = _program(ctx, module, program)
+        settings = settings_from(params, tracer="nop")
+        fs, filters = _prepare(ctx, prog, settings, tracer=False)
+        children = _follow("profile", settings, filters)
+        graph_time = fs.ctx.options["graph-time"]
+        outcome = Session(prog, fs, children).run(
+            [ProfileObserver(children,
+                             show=lambda tables, abrupt: show(tables, abrupt, graph_time))])
     if failed:
         outcome.exit_code = outcome.exit_code or 1
     _exit(outcome)

@@ -28,6 +28,7 @@ import types
 from collections.abc import Callable, Container, Iterator, Sequence
 from typing import Any
 
+from rethook import gcpause
 from rethook.engine.core import notrace
 
 #: Most local modules the import walk reads, and most modules of a package compiled ahead.
@@ -349,6 +350,7 @@ def run_main(program: Program, globals_: dict[str, Any], outcome: Outcome,
     ended."""
     # outermost: the code of the frame an uncaught exception's traceback starts at
     run, outermost = _runner(program, globals_)
+    gcpause.resume()  # (the command line paused it for its own start-up)
     tracing()
     try:
         run()
