@@ -427,7 +427,8 @@ def _valid_patterns(reg: Registry) -> list[str]:
     return sorted(out)
 
 
-@settings(max_examples=150, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=150, deadline=None,  # (a scan of the heap: slow on a busy machine)
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_valid_patterns_round_trip(reg: Registry, pool: list[str], data: st.DataObject) -> None:
     patterns = data.draw(st.lists(st.sampled_from(pool), unique=True, max_size=12))
@@ -453,7 +454,8 @@ GARBAGE = st.text(
     max_size=40)
 
 
-@settings(max_examples=400, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=400, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(text=GARBAGE, append=st.booleans())
 def test_garbage_raises_only_filter_error(reg: Registry, text: str, append: bool) -> None:
     f = FunctionFilter(["helper"], registry=reg)
