@@ -29,7 +29,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from propgen import Violation, actions, check, known, programs, run, user_specs
+from propgen import Violation, actions, check, harness, known, programs, run, user_specs
 from propgen.harness import _module_dir
 from propgen.program import Call, Func, Program, Step, UseGen
 from propgen.users import Action, UserSpec
@@ -186,6 +186,27 @@ def test_the_checker_notices_a_tampered_log(core):
     tampered(log[:rets[0]] + [foreign] + log[rets[0] + 1:])  # data never accepted
     out.log = log
     check(out)
+
+
+def test_a_generator_of_an_earlier_run_stays_out_of_a_later_runs_log(core, monkeypatch):
+    """Found as a rare flake ("exit of call N that is not open"): a generator left by an earlier
+    run of the same program (garbage the GC had not collected yet) was finalised while a later
+    run of that program ran, and its exit went into the later run's log."""
+    program = STALE_SLOT_GENERATOR[0]
+    out = run(program, [_user()], ())
+    mod = sys.modules[out.module]
+    stale = mod.g0(mod._nc(), 1)  # a call of that run, suspended at its yield
+    next(stale)
+    run_entry = harness.run_entry
+
+    def drop_then_run(*args):
+        nonlocal stale
+        stale = None  # finalised (GeneratorExit) as the later run's program starts
+        return run_entry(*args)
+
+    monkeypatch.setattr(harness, "run_entry", drop_then_run)
+    check(run(program, [_user()], ()))
+    assert stale is None
 
 
 # --- engine bugs found by these tests: minimal reproducers ---------------------------------------

@@ -56,7 +56,8 @@ def traced_run(program, native_users: bool, graph_function: str = ""):
         fs.write("tracing_on", "0")
         # (object ids in the program's log differ from run to run)
         log = [tuple("ID" if isinstance(x, int) and x > 2**32 else x for x in ev) for ev in log]
-        return normalise(fs.read("trace")), user, (log, top, errors)
+        trace = [line.replace(f"{name}.", "MODULE.") for line in normalise(fs.read("trace"))]
+        return trace, user, (log, top, errors)
     finally:
         fs.close()
         sys.unraisablehook = unraisable
@@ -65,6 +66,7 @@ def traced_run(program, native_users: bool, graph_function: str = ""):
 
 
 def check_same(program, graph_function: str = "") -> None:
+    """(The two runs may import the program as two modules: see propgen.harness.load.)"""
     got, got_user, got_run = traced_run(program, True, graph_function)
     want, want_user, want_run = traced_run(program, False, graph_function)
     assert got_user is NativeGraphOps and want_user is GraphOps

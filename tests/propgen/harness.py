@@ -390,13 +390,35 @@ _loaded: dict[str, Any] = {}  # source -> module: a program seen again (shrinkin
 
 
 def load(program: Program) -> tuple[Any, str, str]:
-    """Write the program as a module in a temp dir and import it for real."""
+    """Write the program as a module in a temp dir and import it for real. A program seen
+    again (hypothesis replays and shrinks) reuses its module, unless the module's last run
+    left a call that can still run (then a new module: a new one per run makes each example
+    slower, as filters are checked against every function imported so far)."""
     source = render(program)
     mod = _loaded.get(source)
-    if mod is None:
+    if mod is None or _calls_left_open(mod._LOG, program):
         name, _ = _write(source)
         mod = _loaded[source] = importlib.import_module(name)
     return mod, mod.__name__, source
+
+
+def _calls_left_open(log: list, program: Program) -> bool:
+    """Whether a call logged in ``log`` (a run's) has no exit yet, so its frame is alive.
+
+    The generated code reaches ``_LOG``, ``_nc``, ``_step`` through its module's globals, which
+    :func:`bind` points at the current run. A generator suspended by an earlier run, alive
+    because the GC has not collected it yet (it is off while programs run), runs its except
+    and finally blocks when finalised: during a later run of the same module it would log its
+    exit (and make calls and steps) in that run, "exit of call N that is not open". Every
+    started func, gen or coro logs its exit; a bare generator runs no code when closed."""
+    bare = {f.name for f in program.funcs if f.kind == "bare"}
+    open_calls = set()
+    for ev in log or ():
+        if ev[0] == "call" and ev[1] not in bare:
+            open_calls.add(ev[2])
+        elif ev[0] in ("ret", "raise"):
+            open_calls.discard(ev[2])
+    return bool(open_calls)
 
 
 def _write(source: str) -> tuple[str, str]:
