@@ -329,8 +329,8 @@ def test_fork_while_released(gil_mode):
 
 
 def test_reserve(gil_mode):
-    """reserve() allocates at once (MemoryError there); the first large call pages the memory
-    in, with the GIL released (not counted as a release to encode), and encodes as before."""
+    """reserve() allocates at once (MemoryError there); the next call pages the memory in,
+    with the GIL released (not counted as a release to encode), and encodes as before."""
     gil_mode(POLICY)
     with pytest.raises(MemoryError):
         _tfenc.reserve(1 << 44, 65536)
@@ -349,33 +349,6 @@ def test_reserve(gil_mode):
     w = TraceWriter(io.BytesIO(), formats=builtin_registry())
     with pytest.raises(MemoryError):
         w.prepare_native(1 << 44)
-
-
-def _resident_mb() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-def test_only_a_large_call_pages_the_reserve_in(gil_mode):
-    """What reserve() makes for the default buffer (~15 MB) is paged in by the first call
-    large enough to need it, not by a short program's few records at its finish."""
-    gil_mode(POLICY)
-    _tfenc.free_scratch()
-    _tfenc.reserve(150_000, 65536)
-    small, large = cring.Ring(150_000, TID), cring.Ring(150_000, TID)
-    storm((small,), 100)
-    storm((large,), 20_000)
-    try:
-        before = _resident_mb()
-        fused(fd.new_writer(65536), small)
-        after_small = _resident_mb()
-        fused(fd.new_writer(65536), large)
-        after_large = _resident_mb()
-    finally:
-        _tfenc.free_scratch()
-    assert after_small - before < 4, (before, after_small)
-    assert after_large - after_small > 8, (after_small, after_large)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")

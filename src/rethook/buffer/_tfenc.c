@@ -2301,10 +2301,7 @@ encode_ring(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     sc->busy = 1;
     sc->busy_gen = fork_gen;
     f.sc = sc;
-    /* what reserve() made (~15 MB for the default buffer), paged in by the drain rather than
-     * at start-up, and by the first large call: a short program's few records touch a few
-     * pages (paging all in cost its finish ~10 ms) */
-    if (sc->unpaged && rg->head - rg->floor >= NOGIL_MIN_RECORDS) {
+    if (sc->unpaged) { /* what reserve() made, paged in by the drain rather than at start-up */
         sc->unpaged = 0;
         without_gil(round, page_areas, sc);
     }

@@ -511,9 +511,8 @@ class TraceWriter:
         """Get ready to :meth:`write_native` rings of up to ``records`` records: the memory
         the C encoder and the output buffer need, allocated now (MemoryError here) and
         paged in rather than by the first calls (which, while a program fills the ring, is
-        when time matters). The C encoder's is paged in by its first large call, with the
-        GIL released (``_tfenc.reserve``): neither a recording's start-up nor a short
-        program's finish waits for it."""
+        when time matters). The C encoder's is paged in by its next call, with the GIL
+        released (``_tfenc.reserve``): a recording's start-up does not wait for it."""
         if not self._native_encodable():
             return
         records = max(0, int(records))
