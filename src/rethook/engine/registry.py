@@ -66,7 +66,6 @@ import gc
 import os
 import sys
 import threading
-import traceback
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -552,6 +551,8 @@ class Registry:
             try:
                 callback(list(new))
             except Exception:
+                import traceback  # (not at start-up: ~2 ms)
+
                 print("rethook: registry subscriber failed:", file=sys.stderr)
                 traceback.print_exc()
 
