@@ -12,7 +12,6 @@ missing script or module) exit with 2; a damaged trace file or a failed write ex
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import signal
 import sys
@@ -250,7 +249,7 @@ def _follow(mode: str, settings: TraceSettings, filters: list[str],
     chosen = list(filters) or list(settings.filters)
     if not settings.filters:
         chosen += [p for p in ("*:mod:__main__", "*:mod:__mp_main__") if p not in chosen]
-    return Follow.create(mode, dataclasses.replace(settings, filters=chosen), output)
+    return Follow.create(mode, settings.replace(filters=chosen), output)
 
 
 @cli.command(cls=ProgramCommand, context_settings=CONTEXT)

@@ -68,7 +68,6 @@ import sys
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from types import (
     AsyncGeneratorType,
     CodeType,
@@ -82,6 +81,7 @@ from typing import Any
 
 from rethook.engine import forklocks
 from rethook.engine.core import notrace
+from rethook.frozen import Frozen
 
 __all__ = ["FunctionInfo", "Registry", "Scope", "Within", "default_registry", "code_kind",
            "is_own_module", "no_modules"]
@@ -101,12 +101,14 @@ _ANONYMOUS = frozenset({"<lambda>", "<genexpr>", "<listcomp>", "<setcomp>", "<di
 UNKNOWN_MODULE = "<unknown>"
 
 
-@dataclass(frozen=True, slots=True, eq=False)
-class FunctionInfo:
+class FunctionInfo(Frozen, eq=False):
     """One hookable code object and its canonical name.
 
     Compared by identity: the registry creates exactly one per code object.
     """
+
+    __slots__ = ("code", "name", "module", "qualname", "filename", "firstlineno", "kind",
+                 "suffix")
 
     code: CodeType
     #: Canonical printable name, unique across the registry: ``module + "." + qualname``.
@@ -121,7 +123,19 @@ class FunctionInfo:
     #: "type_params" (PEP 695 annotation scope); "module" and "class" are never listed.
     kind: str
     #: Disambiguation suffix ("" or "@LINE" or "@LINE#N"), already part of name and qualname.
-    suffix: str = ""
+    suffix: str
+
+    def __init__(self, code: CodeType, name: str, module: str, qualname: str, filename: str,
+                 firstlineno: int, kind: str, suffix: str = "") -> None:
+        set_ = object.__setattr__
+        set_(self, "code", code)
+        set_(self, "name", name)
+        set_(self, "module", module)
+        set_(self, "qualname", qualname)
+        set_(self, "filename", filename)
+        set_(self, "firstlineno", firstlineno)
+        set_(self, "kind", kind)
+        set_(self, "suffix", suffix)
 
     @property
     def base_name(self) -> str:
