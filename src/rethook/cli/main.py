@@ -13,7 +13,6 @@ missing script or module) exit with 2; a damaged trace file or a failed write ex
 from __future__ import annotations
 
 import os
-import signal
 import sys
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -162,6 +161,8 @@ def _exit(outcome: Outcome) -> NoReturn:
     if outcome.interrupted and not outcome.in_child:
         # Python ends a program killed by an uncaught KeyboardInterrupt with SIGINT itself, so
         # the shell sees 130 and stops a script that ran it.
+        import signal  # (here: --help does without it, ~1 ms)
+
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
     sys.exit(outcome.exit_code)
