@@ -4,8 +4,8 @@ Every run of ``rethook`` pays for the modules it imports (and a registry scan me
 function they define), so each command loads only what it uses: ``rethook --help`` loads
 click and the command line's own modules; ``record`` loads the engine, the ring buffer and the
 trace file writer, but not the probe machinery (``-e`` loads it), the text views (``stream``
-and ``report`` do), perfetto, rich, platform or tempfile. The traced program itself reports
-``sys.modules`` here, as it sees them while it runs under ``rethook record``.
+and ``report`` do), perfetto, rich, platform, tempfile, traceback or dataclasses. The traced
+program itself reports ``sys.modules`` here, as it sees them while it runs under ``rethook record``.
 """
 
 from __future__ import annotations
@@ -25,8 +25,10 @@ NOT_FOR_RECORD = ("rethook.probes.events", "rethook.probes.fetch", "rethook.prob
                   "rich")
 #: Standard modules rethook imports only in the commands that use them (click itself imports
 #: some of them on some Pythons: 3.12's uuid imports platform). subprocess is the program's to
-#: import: children are followed without it (follow.install).
-STDLIB_LATER = ("platform", "tempfile", "subprocess")
+#: import: children are followed without it (follow.install). traceback (with textwrap and
+#: _colorize, ~2 ms) only when a failure is reported. dataclasses: none on these paths (each
+#: costs ~1 ms to create; rethook.frozen makes the records).
+STDLIB_LATER = ("platform", "tempfile", "subprocess", "traceback", "dataclasses")
 #: The probe machinery, which a ``-e`` definition loads.
 PROBES = ("rethook.probes.events", "rethook.probes.fetch", "rethook.probes.evfilter")
 
@@ -62,7 +64,7 @@ def test_help_loads_only_the_command_line():
     ours = sorted(m for m in mods if m.startswith("rethook."))
     assert [m for m in ours if not m.startswith(HELP_ALLOWED)] == []
     assert "rethook.tracers.base" not in mods  # the tracers are named, not imported
-    assert _loaded(_ours(mods), (*STDLIB_LATER, "rich")) == []
+    assert _loaded(_ours(mods), (*STDLIB_LATER, "rich", "signal")) == []  # (runs use signal)
 
 
 def _record(tmp_path: Path, *flags: str) -> set[str]:

@@ -30,10 +30,10 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from rethook.engine import clock
+from rethook.frozen import Frozen
 
 #: The field types an event format may use, in the order of their type codes in the file.
 FIELD_TYPES: tuple[str, ...] = ("u64", "s64", "f64", "str", "bool")
@@ -55,22 +55,24 @@ clock_ns = clock.now_ns
 Event = tuple
 
 
-@dataclass(frozen=True, slots=True)
-class Field:
+class Field(Frozen):
     """One typed field of an event format."""
 
+    __slots__ = ("name", "type")
     name: str
     type: str
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name.isidentifier():
-            raise ValueError(f"field name must be an identifier, got {self.name!r}")
-        if self.name.startswith("common_"):
-            raise ValueError(f"field name {self.name!r}: the common_ prefix is reserved")
-        if self.type not in FIELD_TYPES:
+    def __init__(self, name: str, type: str) -> None:  # noqa: A002 - the field's name
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ValueError(f"field name must be an identifier, got {name!r}")
+        if name.startswith("common_"):
+            raise ValueError(f"field name {name!r}: the common_ prefix is reserved")
+        if type not in FIELD_TYPES:
             raise ValueError(
-                f"field {self.name!r}: unknown type {self.type!r} (one of {', '.join(FIELD_TYPES)})"
+                f"field {name!r}: unknown type {type!r} (one of {', '.join(FIELD_TYPES)})"
             )
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "type", type)
 
     @classmethod
     def parse(cls, spec: Field | str | tuple[str, str]) -> Field:
@@ -86,23 +88,26 @@ class Field:
         return cls(name, ftype)
 
 
-@dataclass(frozen=True, slots=True)
-class EventFormat:
+class EventFormat(Frozen):
     """The layout of one kind of event: what the tuple items after the common fields mean."""
 
+    __slots__ = ("id", "name", "fields")
     id: int
     name: str
     fields: tuple[Field, ...]
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.id, int) or not 0 <= self.id < 2**32:
-            raise ValueError(f"format id must be an int in [0, 2**32), got {self.id!r}")
-        if not isinstance(self.name, str) or not self.name:
-            raise ValueError(f"format name must be a non-empty str, got {self.name!r}")
-        fields = tuple(Field.parse(f) for f in self.fields)
+    def __init__(self, id: int, name: str,  # noqa: A002 - the format's id
+                 fields: Iterable[Field | str | tuple[str, str]]) -> None:
+        if not isinstance(id, int) or not 0 <= id < 2**32:
+            raise ValueError(f"format id must be an int in [0, 2**32), got {id!r}")
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"format name must be a non-empty str, got {name!r}")
+        fields = tuple(Field.parse(f) for f in fields)
         names = [f.name for f in fields]
         if len(set(names)) != len(names):
-            raise ValueError(f"format {self.name!r}: duplicate field names in {names}")
+            raise ValueError(f"format {name!r}: duplicate field names in {names}")
+        object.__setattr__(self, "id", id)
+        object.__setattr__(self, "name", name)
         object.__setattr__(self, "fields", fields)
 
     @property
@@ -127,8 +132,7 @@ class EventFormat:
         return "\n".join(lines) + "\n"
 
 
-@dataclass(frozen=True, slots=True)
-class Lost:
+class Lost(Frozen):
     """A gap in one thread's event stream: ``count`` events were dropped here.
 
     Readers that report loss in place (the trace pipe, a trace file read with
@@ -137,8 +141,13 @@ class Lost:
     it can never be mistaken for an event.
     """
 
+    __slots__ = ("tid", "count")
     tid: int
     count: int
+
+    def __init__(self, tid: int, count: int) -> None:
+        object.__setattr__(self, "tid", tid)
+        object.__setattr__(self, "count", count)
 
 
 class FormatRegistry:

@@ -12,9 +12,7 @@ missing script or module) exit with 2; a damaged trace file or a failed write ex
 
 from __future__ import annotations
 
-import dataclasses
 import os
-import signal
 import sys
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -164,6 +162,8 @@ def _exit(outcome: Outcome) -> NoReturn:
     if outcome.interrupted and not outcome.in_child:
         # Python ends a program killed by an uncaught KeyboardInterrupt with SIGINT itself, so
         # the shell sees 130 and stops a script that ran it.
+        import signal  # (here: --help does without it, ~1 ms)
+
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
     sys.exit(outcome.exit_code)
@@ -252,7 +252,7 @@ def _follow(mode: str, settings: TraceSettings, filters: list[str],
     chosen = list(filters) or list(settings.filters)
     if not settings.filters:
         chosen += [p for p in ("*:mod:__main__", "*:mod:__mp_main__") if p not in chosen]
-    return Follow.create(mode, dataclasses.replace(settings, filters=chosen), output)
+    return Follow.create(mode, settings.replace(filters=chosen), output)
 
 
 @cli.command(cls=ProgramCommand, context_settings=CONTEXT)

@@ -105,7 +105,6 @@ import enum
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Callable
 from types import CodeType, FrameType
 from typing import Any
@@ -352,6 +351,8 @@ def report_failure(head: str, exc: BaseException) -> None:
     recursion limit (where handlers fail with RecursionError) formatting a traceback fails
     too, and then ``HEAD: Type: message`` still says what happened."""
     try:
+        import traceback  # here, not at start-up (~2 ms with textwrap); failing, as below
+
         text = f"{head}:\n" + "".join(traceback.format_exception(exc))
     except Exception:  # noqa: BLE001 - e.g. RecursionError again: one line, then
         try:

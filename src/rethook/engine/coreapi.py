@@ -14,14 +14,16 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from types import FrameType
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
+from rethook.frozen import Frozen
 
-@dataclass(frozen=True)
-class Capabilities:
+
+class Capabilities(Frozen):
     """What a hook core can do, beyond the contract every core keeps (core.py's docstring)."""
+
+    __slots__ = ("name", "direct_calls", "native_users")
 
     #: ``"c"`` or ``"python"``: what ``RETHOOK_ENGINE`` names it by
     name: str
@@ -31,6 +33,11 @@ class Capabilities:
     #: The built-in tracers' users written in C (tracers/_native.c) run on it: they share
     #: the core's C thread cache, clock and direct calls.
     native_users: bool
+
+    def __init__(self, name: str, direct_calls: bool, native_users: bool) -> None:
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "direct_calls", direct_calls)
+        object.__setattr__(self, "native_users", native_users)
 
     def describe(self) -> str:
         """One line for ``rethook --version``."""

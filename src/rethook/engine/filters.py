@@ -33,7 +33,6 @@ import sys
 import threading
 import weakref
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from types import CodeType
 from typing import NamedTuple
 
@@ -46,6 +45,7 @@ from rethook.engine.registry import (
     default_registry,
     no_modules,
 )
+from rethook.frozen import Frozen
 
 __all__ = [
     "COMMANDS",
@@ -98,14 +98,22 @@ def _has_glob(s: str) -> bool:
     return any(c in _GLOB_CHARS for c in s)
 
 
-@dataclass(frozen=True, slots=True)
-class Pattern:
-    """One pattern of a write: ``[!]GLOB[:mod:MODULE]``."""
+class Pattern(Frozen, compared=("glob", "module", "remove")):
+    """One pattern of a write: ``[!]GLOB[:mod:MODULE]``. ``position`` (where it starts in the
+    text written, for errors) is not compared."""
 
+    __slots__ = ("glob", "module", "remove", "position")
     glob: str
-    module: str | None = None
-    remove: bool = False
-    position: int = field(default=0, compare=False)
+    module: str | None
+    remove: bool
+    position: int
+
+    def __init__(self, glob: str, module: str | None = None, remove: bool = False,
+                 position: int = 0) -> None:
+        object.__setattr__(self, "glob", glob)
+        object.__setattr__(self, "module", module)
+        object.__setattr__(self, "remove", remove)
+        object.__setattr__(self, "position", position)
 
     @property
     def text(self) -> str:
@@ -118,20 +126,31 @@ class Pattern:
         return self.glob == "*" and self.module is None
 
 
-@dataclass(frozen=True, slots=True)
-class FilterCommand:
+class FilterCommand(Frozen, compared=("glob", "module", "command", "args", "count", "remove")):
     """A function command: ``[!]GLOB[:mod:MODULE]:COMMAND[:ARGS...][:COUNT]``.
 
     ``count`` is None for unlimited. ``key`` identifies the command for ``!`` removal.
+    ``position`` is not compared.
     """
 
+    __slots__ = ("glob", "module", "command", "args", "count", "remove", "position")
     glob: str
     module: str | None
     command: str
-    args: tuple[str, ...] = ()
-    count: int | None = None
-    remove: bool = False
-    position: int = field(default=0, compare=False)
+    args: tuple[str, ...]
+    count: int | None
+    remove: bool
+    position: int
+
+    def __init__(self, glob: str, module: str | None, command: str, args: tuple[str, ...] = (),
+                 count: int | None = None, remove: bool = False, position: int = 0) -> None:
+        object.__setattr__(self, "glob", glob)
+        object.__setattr__(self, "module", module)
+        object.__setattr__(self, "command", command)
+        object.__setattr__(self, "args", args)
+        object.__setattr__(self, "count", count)
+        object.__setattr__(self, "remove", remove)
+        object.__setattr__(self, "position", position)
 
     @property
     def pattern(self) -> Pattern:

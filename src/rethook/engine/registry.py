@@ -66,10 +66,8 @@ import gc
 import os
 import sys
 import threading
-import traceback
 import weakref
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from types import (
     AsyncGeneratorType,
     CodeType,
@@ -83,6 +81,7 @@ from typing import Any
 
 from rethook.engine import forklocks
 from rethook.engine.core import notrace
+from rethook.frozen import Frozen
 
 __all__ = ["FunctionInfo", "Registry", "Scope", "Within", "default_registry", "code_kind",
            "is_own_module", "no_modules"]
@@ -102,12 +101,14 @@ _ANONYMOUS = frozenset({"<lambda>", "<genexpr>", "<listcomp>", "<setcomp>", "<di
 UNKNOWN_MODULE = "<unknown>"
 
 
-@dataclass(frozen=True, slots=True, eq=False)
-class FunctionInfo:
+class FunctionInfo(Frozen, eq=False):
     """One hookable code object and its canonical name.
 
     Compared by identity: the registry creates exactly one per code object.
     """
+
+    __slots__ = ("code", "name", "module", "qualname", "filename", "firstlineno", "kind",
+                 "suffix")
 
     code: CodeType
     #: Canonical printable name, unique across the registry: ``module + "." + qualname``.
@@ -122,7 +123,19 @@ class FunctionInfo:
     #: "type_params" (PEP 695 annotation scope); "module" and "class" are never listed.
     kind: str
     #: Disambiguation suffix ("" or "@LINE" or "@LINE#N"), already part of name and qualname.
-    suffix: str = ""
+    suffix: str
+
+    def __init__(self, code: CodeType, name: str, module: str, qualname: str, filename: str,
+                 firstlineno: int, kind: str, suffix: str = "") -> None:
+        set_ = object.__setattr__
+        set_(self, "code", code)
+        set_(self, "name", name)
+        set_(self, "module", module)
+        set_(self, "qualname", qualname)
+        set_(self, "filename", filename)
+        set_(self, "firstlineno", firstlineno)
+        set_(self, "kind", kind)
+        set_(self, "suffix", suffix)
 
     @property
     def base_name(self) -> str:
@@ -560,6 +573,8 @@ class Registry:
             try:
                 callback(list(new))
             except Exception:
+                import traceback  # (not at start-up: ~2 ms)
+
                 print("rethook: registry subscriber failed:", file=sys.stderr)
                 traceback.print_exc()
 

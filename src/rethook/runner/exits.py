@@ -29,7 +29,6 @@ import os
 import signal
 import threading
 import time
-import traceback
 from collections.abc import Callable
 
 from rethook.control.hidden import leave_signals_to_the_program
@@ -120,6 +119,8 @@ def finish_now(why: str) -> None:
             finish(why)
         except BaseException:  # noqa: BLE001 - the process is ending: say why, end anyway
             try:
+                import traceback  # (not at start-up: ~2 ms)
+
                 traceback.print_exc()
             except Exception:  # noqa: BLE001 - stderr closed
                 pass

@@ -11,38 +11,74 @@ from __future__ import annotations
 import json
 import re
 import sys
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from rethook.control.tracefs import Tracefs
 from rethook.runner.program import Program, prepare_package
 
 
-@dataclass
 class TraceSettings:
-    """trace-cmd's record flags, as data."""
+    """trace-cmd's record flags, as data: keyword arguments named as :data:`FIELDS`, compared
+    field by field. (A plain class: a dataclass costs ~1 ms of every start-up.)"""
 
-    tracer: str = "function_graph"  # -p
-    filters: list[str] = field(default_factory=list)  # -l (empty: the program's own code)
-    notrace: list[str] = field(default_factory=list)  # -n
-    graph_functions: list[str] = field(default_factory=list)  # -g
-    graph_notrace: list[str] = field(default_factory=list)  # --graph-notrace
-    events: list[str] = field(default_factory=list)  # -e: probe definitions, made and enabled
-    event_filters: dict[str, list[str]] = field(default_factory=dict)  # -f, per -e definition
-    event_triggers: dict[str, list[str]] = field(default_factory=dict)  # -R, per -e definition
-    options: list[str] = field(default_factory=list)  # -O NAME / -O noNAME
-    max_graph_depth: int | None = None
-    tracing_thresh: int | None = None  # microseconds
-    buffer_kb: int | None = None  # -b
-    follow: bool = True  # --no-follow: child processes run untraced
+    #: The flags, in order: what :meth:`to_json` writes and :meth:`from_json` reads.
+    FIELDS = ("tracer", "filters", "notrace", "graph_functions", "graph_notrace", "events",
+              "event_filters", "event_triggers", "options", "max_graph_depth", "tracing_thresh",
+              "buffer_kb", "follow")
+
+    __hash__ = None  # type: ignore[assignment] - mutable, compared by value
+
+    def __init__(self, tracer: str = "function_graph",
+                 filters: list[str] | None = None,
+                 notrace: list[str] | None = None,
+                 graph_functions: list[str] | None = None,
+                 graph_notrace: list[str] | None = None,
+                 events: list[str] | None = None,
+                 event_filters: dict[str, list[str]] | None = None,
+                 event_triggers: dict[str, list[str]] | None = None,
+                 options: list[str] | None = None,
+                 max_graph_depth: int | None = None,
+                 tracing_thresh: int | None = None,
+                 buffer_kb: int | None = None,
+                 follow: bool = True) -> None:
+        # (a list or dict left out, or None, is a new empty one)
+        self.tracer = tracer  # -p
+        self.filters = [] if filters is None else filters  # -l (empty: the program's own code)
+        self.notrace = [] if notrace is None else notrace  # -n
+        self.graph_functions = [] if graph_functions is None else graph_functions  # -g
+        self.graph_notrace = [] if graph_notrace is None else graph_notrace  # --graph-notrace
+        self.events = [] if events is None else events  # -e: probe definitions, made, enabled
+        self.event_filters = {} if event_filters is None else event_filters  # -f, per -e
+        self.event_triggers = {} if event_triggers is None else event_triggers  # -R, per -e
+        self.options = [] if options is None else options  # -O NAME / -O noNAME
+        self.max_graph_depth = max_graph_depth
+        self.tracing_thresh = tracing_thresh  # microseconds
+        self.buffer_kb = buffer_kb  # -b
+        self.follow = follow  # --no-follow: child processes run untraced
+
+    def _values(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, name) for name in self.FIELDS)
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self._values() == other._values()  # type: ignore[attr-defined]
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.FIELDS)
+        return f"{type(self).__qualname__}({fields})"
+
+    def replace(self, **changes: Any) -> TraceSettings:
+        """A new TraceSettings with ``changes`` (the others the same objects, not copies)."""
+        return type(self)(**{**dict(zip(self.FIELDS, self._values(), strict=True)), **changes})
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self))
+        return json.dumps(dict(zip(self.FIELDS, self._values(), strict=True)))
 
     @classmethod
     def from_json(cls, text: str) -> TraceSettings:
         data: dict[str, Any] = json.loads(text)
-        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+        return cls(**{k: v for k, v in data.items() if k in cls.FIELDS})
 
 
 class SettingError(ValueError):
