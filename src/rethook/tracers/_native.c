@@ -358,27 +358,18 @@ stack_remove(TState *st, NCall *c, NCall **parent)
     c->in_stack = 0;
 }
 
-/* The state of the thread ts if it has one (cached in e), or NULL. Runs no Python code. */
+/* The state of the thread ts (put in the cache entry e), or NULL when it has none and `make`
+ * is 0; with `make`, one is created for it (with its ring, from the buffer: Python code runs),
+ * or NULL with an error. */
 static TState *
-tstate_find(NUser *u, PyThreadState *ts, TCache *e)
+tstate_slow(NUser *u, PyThreadState *ts, TCache *e, int make)
 {
     TState *st;
     for (st = u->states; st != NULL; st = st->next)
         if (st->tstate == ts && st->tstate_id == ts->id)
             break;
-    if (st != NULL) {
-        e->tstate = ts;
-        e->id = ts->id;
-        e->st = st;
-    }
-    return st;
-}
-
-/* The calling thread's state, created on first use (with its ring, from the buffer). */
-static TState *
-tstate_slow(NUser *u, PyThreadState *ts, TCache *e)
-{
-    TState *st = tstate_find(u, ts, e);
+    if (st == NULL && !make)
+        return NULL;
     if (st == NULL) {
         rh_ring *ring = NULL;
         if (u->buffer != Py_None) {
@@ -415,22 +406,26 @@ tstate_slow(NUser *u, PyThreadState *ts, TCache *e)
 }
 
 static inline TState *
-tstate_in(NUser *u, PyThreadState *ts)
+tstate_lookup(NUser *u, PyThreadState *ts, int make)
 {
     TCache *e = &u->cache[hash_ptr(ts) & (TS_CACHE - 1)];
     if (e->tstate == ts && e->id == ts->id)
         return e->st;
-    return tstate_slow(u, ts, e);
+    return tstate_slow(u, ts, e, make);
 }
 
-/* tstate_in() without making a state: NULL when the thread has none. */
+/* The thread's state, made on its first call (through Python), or NULL with an error. */
+static inline TState *
+tstate_in(NUser *u, PyThreadState *ts)
+{
+    return tstate_lookup(u, ts, 1);
+}
+
+/* The thread's state, or NULL when it has none yet (no error set; no Python code runs). */
 static inline TState *
 tstate_known(NUser *u, PyThreadState *ts)
 {
-    TCache *e = &u->cache[hash_ptr(ts) & (TS_CACHE - 1)];
-    if (e->tstate == ts && e->id == ts->id)
-        return e->st;
-    return tstate_find(u, ts, e);
+    return tstate_lookup(u, ts, 0);
 }
 
 static inline TState *
