@@ -31,12 +31,15 @@ def pause() -> None:
 def resume() -> None:
     """Turn the cyclic GC back on if :func:`pause` stopped it; otherwise nothing. What was
     made meanwhile goes to the oldest generation at once (freeze and unfreeze move it there
-    without a collection), so the program's first young collections do not go through it."""
+    without a collection), so the program's first young collections do not go through it;
+    not where objects are frozen already (3.12 freezes a few hundred as it starts), which
+    unfreezing would thaw."""
     global _paused
     if _paused:
         _paused = False
-        gc.freeze()
-        gc.unfreeze()
+        if gc.get_freeze_count() == 0:
+            gc.freeze()
+            gc.unfreeze()
         gc.enable()
 
 
