@@ -1,6 +1,6 @@
 """``python -m rethook``: the command line."""
 
-from rethook.cli.main import main
+from rethook.cli import main
 
 if __name__ == "__main__":
     main()

@@ -5,8 +5,9 @@ objects and no cyclic garbage worth collecting, yet sets off a dozen young and o
 middle-generation collection (~10 ms of a recording's start). The commands that run a
 program pause the collector (:func:`paused`) from when they start until the program's first
 line (:func:`rethook.runner.program.run_main` resumes it), or until they fail before it: the
-program finds it as Python left it. Nothing else pauses it (a command that runs for long,
-such as ``view``'s server, collects as usual).
+program finds it as Python left it. The ``rethook`` entry point pauses it while it imports
+click and the command line (:func:`rethook.cli.main`). Nothing else pauses it (a command
+that runs for long, such as ``view``'s server, collects as usual).
 
 This module imports nothing of rethook's: every layer may use it.
 """
