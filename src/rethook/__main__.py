@@ -1,6 +1,6 @@
 """``python -m rethook``: the command line."""
 
-from rethook.cli import main
+from rethook.cli import entry
 
 if __name__ == "__main__":
-    main()
+    entry()

@@ -6,7 +6,7 @@ middle-generation collection (~10 ms of a recording's start). The commands that 
 program pause the collector (:func:`paused`) from when they start until the program's first
 line (:func:`rethook.runner.program.run_main` resumes it), or until they fail before it: the
 program finds it as Python left it. The ``rethook`` entry point pauses it while it imports
-click and the command line (:func:`rethook.cli.main`). Nothing else pauses it (a command
+click and the command line (:func:`rethook.cli.entry`). Nothing else pauses it (a command
 that runs for long, such as ``view``'s server, collects as usual).
 
 This module imports nothing of rethook's: every layer may use it.

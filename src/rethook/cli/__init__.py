@@ -1,7 +1,8 @@
-"""The ``rethook`` command (:mod:`rethook.cli.main`), and its entry point."""
+"""The ``rethook`` command (:mod:`rethook.cli.main`), and its entry point (:func:`entry`: not
+``main``, which would be shadowed by the submodule of that name once it is imported)."""
 
 
-def main() -> None:
+def entry() -> None:
     """The console script ``rethook`` and ``python -m rethook``. Importing click and the
     command line makes thousands of objects and no garbage, yet sets off several young
     collections (~4 ms): the cyclic GC is paused while they are imported (rethook.gcpause)."""
