@@ -1075,6 +1075,18 @@ direct_exit_hook(PyObject *entry, PyObject *exc, long flags, long long t,
                                     exc == Py_None ? NULL : exc, flags);
 }
 
+/* A direct hook's error, counted as its handler's (reg, held by the caller). That runs Python
+ * code, as rethook's own: the fast paths, which do not mark the thread busy, mark it now. */
+static void
+direct_hook_failed(PyObject *ts, PyObject *reg, PyObject **pending)
+{
+    Py_INCREF(ts);
+    SET_BUSY(ts, 1);
+    handler_error(reg, pending);
+    SET_BUSY(ts, 0);
+    Py_DECREF(ts);
+}
+
 static void
 direct_exit(PyObject *entry, PyObject *exc, long flags, long long t, PyThreadState *tstate,
             PyObject **pending)
@@ -1372,14 +1384,10 @@ direct_start_prepared(PyThreadState *tstate, PyObject *ts, const Slot *s, PyObje
     }
     ((PyListObject *)stack)->ob_item[n] = Py_NewRef(s->marker); /* declined, or failed */
     Py_DECREF(entry);
-    if (r < 0) { /* counted as its handler's error, which runs Python code: as rethook's */
-        PyObject *dispatch = Py_NewRef(s->dispatch);
-        Py_INCREF(ts);
-        SET_BUSY(ts, 1);
-        handler_error(PyTuple_GET_ITEM(s->graph, 0), pending);
-        SET_BUSY(ts, 0);
-        Py_DECREF(ts);
-        Py_DECREF(dispatch);
+    if (r < 0) {
+        PyObject *reg = Py_NewRef(PyTuple_GET_ITEM(s->graph, 0));
+        direct_hook_failed(ts, reg, pending);
+        Py_DECREF(reg);
     }
     return 1;
 }
@@ -1438,15 +1446,9 @@ direct_return(PyThreadState *tstate, PyObject *ts, PyObject *code, PyObject *exc
     if (!is_direct(top) || PyTuple_GET_ITEM(top, 0) != code || Py_REFCNT(top) < 2)
         return 0;
     Py_SET_SIZE(stack, n - 1); /* our reference to top now */
-    /* An exit hook runs no Python code (fgraph_direct.h): the thread is marked busy only for
-     * the error's report, which does. */
-    if (direct_exit_hook(top, exc, 0, now_ns(), tstate) < 0) {
-        Py_INCREF(ts);
-        SET_BUSY(ts, 1);
-        handler_error(PyTuple_GET_ITEM(top, 1), pending);
-        SET_BUSY(ts, 0);
-        Py_DECREF(ts);
-    }
+    /* An exit hook runs no Python code (fgraph_direct.h): no busy mark but for an error */
+    if (direct_exit_hook(top, exc, 0, now_ns(), tstate) < 0)
+        direct_hook_failed(ts, PyTuple_GET_ITEM(top, 1), pending);
     Py_DECREF(top);
     return 1;
 }
@@ -2283,8 +2285,8 @@ parse_entry(PyObject *key, PyObject *value, Slot *out)
     out->direct_entry = direct ? direct_entry : NULL;
     out->direct = direct;
     out->flags = (int)flags;
-    out->prepared = direct != NULL &&
-                    rh_direct_prepare(direct, rh_direct_size(PyTuple_GET_ITEM(direct_entry, 2)));
+    out->prepared = direct != NULL && rh_direct_has_prepare(
+                        direct, rh_direct_size(PyTuple_GET_ITEM(direct_entry, 2)));
     return 0;
 }
 

@@ -143,10 +143,11 @@ rh_direct_has_gen(const rh_direct *d, size_t size)
            d->gen_suspend && d->gen_resume && d->gen_exit;
 }
 
-/* The prepare hook of the rh_direct d (of size bytes), or NULL. */
-static inline int (*rh_direct_prepare(const rh_direct *d, size_t size))(void *, PyThreadState *)
+/* Whether the rh_direct d (of size bytes) has the prepare hook. */
+static inline int
+rh_direct_has_prepare(const rh_direct *d, size_t size)
 {
-    return size >= offsetof(rh_direct, prepare) + sizeof(d->prepare) ? d->prepare : NULL;
+    return size >= offsetof(rh_direct, prepare) + sizeof(d->prepare) && d->prepare;
 }
 
 #endif
