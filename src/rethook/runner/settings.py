@@ -56,24 +56,24 @@ class TraceSettings:
         self.buffer_kb = buffer_kb  # -b
         self.follow = follow  # --no-follow: child processes run untraced
 
-    def _values(self) -> tuple[Any, ...]:
-        return tuple(getattr(self, name) for name in self.FIELDS)
+    def _as_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.FIELDS}
 
     def __eq__(self, other: object) -> bool:
         if other.__class__ is not self.__class__:
             return NotImplemented
-        return self._values() == other._values()  # type: ignore[attr-defined]
+        return self._as_dict() == other._as_dict()  # type: ignore[attr-defined]
 
     def __repr__(self) -> str:
-        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.FIELDS)
+        fields = ", ".join(f"{name}={value!r}" for name, value in self._as_dict().items())
         return f"{type(self).__qualname__}({fields})"
 
     def replace(self, **changes: Any) -> TraceSettings:
         """A new TraceSettings with ``changes`` (the others the same objects, not copies)."""
-        return type(self)(**{**dict(zip(self.FIELDS, self._values(), strict=True)), **changes})
+        return type(self)(**{**self._as_dict(), **changes})
 
     def to_json(self) -> str:
-        return json.dumps(dict(zip(self.FIELDS, self._values(), strict=True)))
+        return json.dumps(self._as_dict())
 
     @classmethod
     def from_json(cls, text: str) -> TraceSettings:
