@@ -230,21 +230,26 @@ def calls_of_fib(n: int) -> int:
     return 1 if n < 2 else 1 + calls_of_fib(n - 1) + calls_of_fib(n - 2)
 
 
-def test_profiler_self_time_is_total_minus_children(on_c_core):
-    """With graph-time off, outer's self time is its total minus leaf's time under it."""
-    fs_total, _ = _profile(lambda: [calls.outer(i) for i in range(200)], True, "1")
-    fs_self, _ = _profile(lambda: [calls.outer(i) for i in range(200)], True, "0")
+@pytest.mark.parametrize("graph_time", ["1", "0"])
+def test_profiler_self_time_is_total_minus_children(on_c_core, graph_time):
+    """outer's self time is its total minus the time of the leaf calls under it, exactly,
+    and the kernel's Time column is the total with graph-time on, the self time with it off.
+    Every figure comes from one run, so nothing depends on how long a call took."""
+    fs, _ = _profile(lambda: [calls.outer(i) for i in range(200)], True, graph_time)
     try:
-        total = {r[1].co_name: (r[2], r[4]) for r in fs_total.profiler.last.rows()}
-        self_ = {r[1].co_name: (r[2], r[4]) for r in fs_self.profiler.last.rows()}
+        rows = {r[1].co_name: r[2:] for r in fs.profiler.last.rows()}
+        edges = {(e[1].co_name, e[2].co_name): e[3:] for e in fs.profiler.last.edges()
+                 if e[1] is not None}
     finally:
-        fs_total.close()
-        fs_self.close()
-    assert total["outer"][0] == self_["outer"][0] == 200
-    assert total["leaf"][0] == self_["leaf"][0] == 400  # outer calls leaf twice
-    # a leaf's self time is its total; a caller's self time is less than its total
-    assert self_["outer"][1] < total["outer"][1] + total["leaf"][1]
-    assert self_["outer"][1] > 0
+        fs.close()
+    hit, _prim, time_ns, _sq, total, self_ = rows["outer"]
+    leaf_hit, _, leaf_time, _, leaf_total, leaf_self = rows["leaf"]
+    assert hit == 200 and leaf_hit == 400  # outer calls leaf twice
+    e_hit, _, e_total, _e_self = edges[("outer", "leaf")]
+    assert e_hit == 400 and e_total == leaf_total
+    assert self_ == total - e_total
+    assert leaf_self == leaf_total == leaf_time  # a leaf's self time is its total
+    assert time_ns == (total if graph_time == "1" else self_)
 
 
 def test_deep_recursion_and_teardown_with_open_calls(on_c_core):
