@@ -568,4 +568,4 @@ def test_sleep_is_the_time_spent_suspended(on_c_core, sleep_time):
         if sleep_time == "1":
             assert t1 - calltime >= sleep
         else:
-            assert t1 - calltime < 30_000_000
+            assert t1 - calltime < sleep  # its active time, well under the 60 ms asleep
