@@ -166,6 +166,33 @@ def test_code_nested_in_a_found_function_registers_its_module() -> None:
     assert names_of(reg, "rh_kinds").keys() == full.keys()
 
 
+def test_a_body_whose_code_is_registered_is_answered_at_once(tmp_path: Path) -> None:
+    """The module and class bodies of code registered as a tree (an import, add_code) run
+    once each under discovery: discover() answers them without walking them again, and
+    a body it has not seen is still walked."""
+    source = "class A:\n    def f(self):\n        return 1\n\nclass B(A):\n    pass\n"
+    path = tmp_path / "bodies.py"
+    path.write_text(source)
+    code = compile(source, str(path), "exec")
+    reg = Registry()
+    reg.add_code(code, "bodies")
+    class_a = next(c for c in code.co_consts if isinstance(c, CodeType) and c.co_name == "A")
+    method = next(c for c in class_a.co_consts if isinstance(c, CodeType))
+    walked: list[CodeType] = []
+    reg._discover = lambda c, f: walked.append(c) or []  # type: ignore[method-assign]
+
+    class Frame:
+        f_globals = {"__name__": "bodies"}
+
+    assert reg.discover(code, Frame())  # type: ignore[arg-type]
+    assert reg.discover(class_a, Frame())  # type: ignore[arg-type]
+    assert walked == []
+    assert reg.name(method) == "bodies.A.f"
+    other = compile("class C:\n    pass\n", str(path), "exec")
+    assert reg.discover(other, Frame())  # type: ignore[arg-type]
+    assert walked == [other]
+
+
 def test_stdlib_names() -> None:
     import json
     import json.decoder
@@ -268,6 +295,26 @@ def test_unsubscribed_callback_is_not_called() -> None:
     reg.add_code(compile("def quiet(): pass", "<quiet>", "exec"), "quiet_mod")
     fresh_import("rh_generated")
     assert calls == []
+
+
+def test_release_forgets_every_function_once_nothing_subscribes() -> None:
+    """A finished run lets the registry's functions go; while a subscriber (a running
+    engine) keys its tables by them, release() changes nothing. Released, the registry
+    names code again on demand, as a new one would."""
+    reg = Registry()
+    calls: list[list[FunctionInfo]] = []
+    unsubscribe = reg.subscribe(calls.append)
+    mod = fresh_import("rh_pkg")
+    info = reg.info(mod.top.__code__)
+    generation = reg.generation
+    assert reg.release() is False  # subscribed: kept
+    assert reg.lookup(mod.top.__code__) is info and reg.generation == generation
+    unsubscribe()
+    assert reg.release() is True
+    assert reg.lookup(mod.top.__code__) is None
+    assert reg.generation > generation  # selections cached by generation are stale
+    again = reg.info(mod.top.__code__)
+    assert again is not info and again.name == info.name == "rh_pkg.top"
 
 
 def test_failing_subscriber_does_not_break_imports() -> None:

@@ -257,11 +257,17 @@ class Registry:
     def __init__(self) -> None:
         self._lock = threading.RLock()
         forklocks.hold(self, forklocks.REGISTRY)  # not left locked in a fork child
+        self._subscribers: tuple[Subscriber, ...] = ()
+        self._generation = 0
+        self._start_over()
+
+    def _start_over(self) -> None:
+        """Every function forgotten: the state of a new registry (but its lock, subscribers
+        and generation)."""
         self._by_id: dict[int, FunctionInfo] = {}
         self._taken: set[str] = set()
         self._modules: set[str] = set()
         self._listed: list[FunctionInfo] | None = None  # sorted cache, rebuilt on demand
-        self._subscribers: tuple[Subscriber, ...] = ()
         self._scanned = False
         self._walked: set[str] = set()  # loaded modules whose namespace discover() registered
         # module -> what a scan found of it and did not register yet (see _scan)
@@ -271,16 +277,31 @@ class Registry:
         self._file_map: dict[str, str] = {}
         self._file_map_len = -1
         self._pending_namespaces: list[str] = []  # modules whose body may still generate code
-        self._generation = 0
         self._order = 0
         # code made by exec/eval that has not run yet -> the module that made it (the fallback
         # module of its name); weak, so code that never runs is not kept
         self._sites: dict[int, tuple[weakref.ref[CodeType], str]] = {}
+        # module and class bodies _collect walked (their nested code registered): discover()
+        # answers them at once (sqlglot runs ~1,200 class bodies as it is imported); weak
+        self._bodies: dict[int, weakref.ref[CodeType]] = {}
         self._added_modules: set[str] = set()  # modules registered by add_code
         # module name -> (code compiled ahead, its file, the file's stamp then)
         self._prepared: dict[str, tuple[CodeType, str, tuple[int, int] | None]] = {}
         self._prepared_roots: set[str] = set()  # packages whose every module is prepared
         self._retired: list[CodeType] = []  # forgotten prepared code, kept alive (_forget)
+
+    def release(self) -> bool:
+        """Forget every function, as a new registry would, once nothing subscribes to it (a
+        finished run). Until the process ends, every collection of the interpreter's last
+        ones would otherwise walk a few objects per function (~5,000 for sqlglot). False,
+        changing nothing, while a subscriber (a running engine) keys its tables by these
+        code objects."""
+        with self._lock:
+            if self._subscribers:
+                return False
+            self._start_over()
+            self._generation += 1  # (a selection cached by generation is stale)
+            return True
 
     # --- lookups ------------------------------------------------------------------------------
     @property
@@ -342,6 +363,9 @@ class Registry:
         """
         if id(code) in self._by_id:
             return True
+        body = self._bodies.get(id(code))
+        if body is not None and body() is code:
+            return True  # a module or class body whose nested code is registered already
         lock = self._lock
         if lock._is_owned():  # type: ignore[attr-defined]  # a finaliser inside our own work
             return False
@@ -566,6 +590,13 @@ class Registry:
         sites = self._sites
         sites[key] = (weakref.ref(code, lambda _r, key=key: sites.pop(key, None)), module)
 
+    def _remember_body(self, code: CodeType) -> None:
+        key = id(code)
+        if key in self._bodies:
+            return
+        bodies = self._bodies
+        bodies[key] = weakref.ref(code, lambda _r, key=key: bodies.pop(key, None))
+
     def _notify(self, new: list[FunctionInfo]) -> None:
         if not new:
             return
@@ -752,6 +783,8 @@ class Registry:
             elif kind not in NON_FUNCTION_KINDS or (register_top and c is code):
                 self._order += 1
                 entries[id(c)] = _Entry(c, module, q, kind, self._order)
+            else:
+                self._remember_body(c)
             child_rename = (cq, q) if q != cq else rename
             # Pushed in reverse so that nested code is numbered in source order.
             for const in reversed(c.co_consts):
@@ -941,7 +974,8 @@ def _functions_of(value: object, depth: int = 0) -> Iterator[FunctionType]:
     t = type(value)
     if t is FunctionType:
         yield value  # type: ignore[misc]
-        wrapped = value.__dict__.get("__wrapped__")  # type: ignore[attr-defined]
+        # (the attribute, not __dict__: reading that would give the function a dict)
+        wrapped = getattr(value, "__wrapped__", None)
         if wrapped is not None and depth < 6:
             yield from _functions_of(wrapped, depth + 1)
     elif t is staticmethod or t is classmethod:
@@ -1006,25 +1040,28 @@ def _namespace_functions(mod: ModuleType, known: dict[int, FunctionInfo],
     out: list[FunctionType] = []
     seen: set[int] = set()
     modname = mod.__dict__.get("__name__")
-
-    def visit(value: object, depth: int, klass: type | None, attr: str) -> None:
-        if issubclass(type(value), type):  # (isinstance would read a proxy's __class__)
-            if depth < 6 and id(value) not in seen:
+    # Depth first, a class's namespace where the class is met: (its items, depth, class).
+    stack: list[tuple[Iterator[tuple[str, object]], int, type | None]] = [
+        (iter(list(mod.__dict__.items())), 0, None)]
+    while stack:
+        items, depth, klass = stack[-1]
+        for attr, value in items:
+            t = type(value)  # (compared by identity: a metaclass's __eq__ is user code)
+            if t is FunctionType or t is staticmethod or t is classmethod or t is property:
+                for f in _functions_of(value):
+                    if id(f.__code__) not in known:
+                        out.append(f)
+                        if klass is not None:
+                            owners[id(f)] = (klass, attr)
+            # (issubclass of the type: isinstance would read a proxy's __class__)
+            elif issubclass(t, type) and depth < 6 and id(value) not in seen:
                 seen.add(id(value))
                 ns = _class_dict(value)
-                if ns.get("__module__") != modname:
-                    return
-                for a, v in list(ns.items()):
-                    visit(v, depth + 1, value, a)
-            return
-        for f in _functions_of(value):
-            if id(f.__code__) not in known:
-                out.append(f)
-                if klass is not None:
-                    owners[id(f)] = (klass, attr)
-
-    for v in list(mod.__dict__.values()):
-        visit(v, 0, None, "")
+                if ns.get("__module__") == modname:
+                    stack.append((iter(list(ns.items())), depth + 1, value))  # type: ignore[arg-type]
+                    break
+        else:
+            stack.pop()
     return out
 
 
