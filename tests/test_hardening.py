@@ -82,13 +82,15 @@ MANY = "9" * 5000
     (["--tracing-thresh", "18446744073709551616"],
      "'--tracing-thresh': '18446744073709551616' is out of range (must be 0 to "
      "9223372036854775)"),
+    (["--blocking-timeout", "-1"],
+     "'--blocking-timeout': '-1' is out of range (must be 0 to 3600000)"),
     (["-b", "100000000"], "-b '100000000': 100000000 KiB per thread is more memory than can "
                           "be had"),
     (["-l", f"work:traceon:{MANY}"], "bad count '99999999"),
     (["-p", "nop", "-e", f"p:g/e __main__.work x=\\{MANY}"],
      "Invalid immediate value (must be -9223372036854775808 to 18446744073709551615)"),
-], ids=["b-2**64", "max-graph-depth", "tracing-thresh", "b-memory", "filter-count",
-        "immediate"])
+], ids=["b-2**64", "max-graph-depth", "tracing-thresh", "blocking-timeout", "b-memory",
+        "filter-count", "immediate"])
 def test_numbers_out_of_range_are_usage_errors(tmp_path, flags, said):
     write(tmp_path, "prog.py", PROGRAM)
     # -b 100000000 asks 95 GiB per thread: more than any test machine has under this limit

@@ -140,16 +140,21 @@ def test_own_threads_leave_signals_to_the_program() -> None:
     assert r.stdout.split() and set(r.stdout.split()) == {"True"}, r.stdout
 
 
+#: A program whose fork child makes fib(20)'s 21,891 calls.
+FORK_STORM = ("import os\n\n"
+              "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n\n"
+              "pid = os.fork()\n"
+              "if pid == 0:\n    fib(20)\n    os._exit(0)\n"
+              "os.waitpid(pid, 0)\n")
+
+
 def test_children_losses_are_in_the_summary(tmp_path: Path) -> None:
     """Events a child process lost are counted in the run's summary, as the file has them."""
     prog = tmp_path / "storm.py"
-    prog.write_text("import os\n\n"
-                    "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n\n"
-                    "pid = os.fork()\n"
-                    "if pid == 0:\n    fib(20)\n    os._exit(0)\n"
-                    "os.waitpid(pid, 0)\n")
+    prog.write_text(FORK_STORM)
     out = tmp_path / "t.dat"
-    r = run("-m", "rethook", "record", "-b", "16", "-o", str(out), str(prog), cwd=tmp_path)
+    r = run("-m", "rethook", "record", "-b", "16", "--blocking-timeout", "0", "-o", str(out),
+            str(prog), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     said = re.search(r"rethook: ([\d,]+) events \(([\d,]+) lost\)", r.stderr)
     assert said, r.stderr
@@ -158,6 +163,23 @@ def test_children_losses_are_in_the_summary(tmp_path: Path) -> None:
         lost = sum(item.count for item in reader.events(lost=True) if not isinstance(item, tuple))
     assert (int(said.group(1).replace(",", "")), int(said.group(2).replace(",", ""))) == (
         events, lost)
+
+
+def test_a_child_waits_for_its_drain_rather_than_lose(tmp_path: Path) -> None:
+    """A fork child's recorder blocks as the first process's does (the run's
+    --blocking-timeout): with a ring far too small for it, the child loses nothing."""
+    if os.environ.get("RETHOOK_ENGINE") == "python":
+        pytest.skip("blocking is the C core's: its native rings")
+    prog = tmp_path / "storm.py"
+    prog.write_text(FORK_STORM)
+    out = tmp_path / "t.dat"
+    # (a timeout no loaded machine reaches: lossless by design, not by timing)
+    r = run("-m", "rethook", "record", "-b", "16", "--blocking-timeout", "600000", "-o",
+            str(out), str(prog), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    said = re.search(r"rethook: ([\d,]+) events \(([\d,]+) lost\)", r.stderr)
+    assert said, r.stderr
+    assert (said.group(1), said.group(2)) == (f"{2 * 21891:,}", "0")  # fib(20): 21,891 calls
 
 
 _STUCK = """

@@ -28,6 +28,8 @@ UINT_MAX = (1 << 32) - 1
 #: ``buffer_size_kb`` and ``-b``: KiB per thread. Bounded further by the memory there is
 #: (:func:`memory_available`): a thread's buffer must fit in it.
 BUFFER_KB = (1, 1 << 32)
+#: record's ``--blocking-timeout``, in milliseconds: up to an hour.
+BLOCKING_MS = (0, 3_600_000)
 #: ``max_graph_depth`` and ``--max-graph-depth``: 0 (no limit) up to the kernel's unsigned int.
 MAX_GRAPH_DEPTH = (0, UINT_MAX)
 #: ``tracing_thresh`` and ``--tracing-thresh``, in microseconds: in nanoseconds it fits s64.

@@ -29,6 +29,7 @@
 #include <sys/mman.h>
 
 #include "cring.h"
+#include "../engine/drainround.h" /* _ccore's blocking: a ring close to full, a ring drained */
 
 #if PY_VERSION_HEX < 0x030C0000
 #error "rethook's C ring needs CPython 3.12 or newer"
@@ -224,6 +225,14 @@ parse_capacity(PyObject *arg, uint64_t *out)
 /* ---------------------------------------------------------------------------------------- */
 /* the type                                                                                  */
 
+/* The ring's capacity and what follows from it. */
+static void
+set_capacity(rh_ring *r, uint64_t capacity)
+{
+    r->capacity = capacity;
+    r->high_water = RH_RING_HIGH_WATER(capacity);
+}
+
 static PyObject *
 ring_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
@@ -251,7 +260,9 @@ ring_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     }
     /* tp_alloc zeroed the counters and weakreflist */
     r->recs = recs;
-    r->capacity = capacity;
+    set_capacity(r, capacity);
+    const rh_round_api *round = rh_round_api_find();
+    r->full = round != NULL ? round->full : NULL;
     r->tid = tid;
     r->on = 1;
     r->overwrite = 1;
@@ -504,6 +515,8 @@ took(rh_ring *r, rh_taken *t, uint64_t n)
     r->read_pos = r->floor = r->head;
     r->consumed += n;
     r->refused_unreported = 0;
+    if (r->full != NULL) /* (set from the same struct) threads waiting for the drain go on */
+        rh_round_api_find()->drained();
 }
 
 /* Ring.consume()'s: into a new array (t->owned) */
@@ -644,7 +657,7 @@ ring_resize(rh_ring *r, PyObject *arg)
         s->parent = NULL;
     }
     r->recs = fresh;
-    r->capacity = capacity;
+    set_capacity(r, capacity);
     r->wpos = r->head % capacity;
     r->floor = r->head - keep; /* read_pos stays: the next consuming read reports the gap */
     release_live(old, old_capacity, old_floor, r->head - keep); /* the ones not moved */

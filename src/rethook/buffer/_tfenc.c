@@ -1977,29 +1977,6 @@ enum { GIL_HOLD, GIL_POLICY, GIL_RELEASE };
 static int gil_mode = GIL_POLICY; /* _nogil(), for tests and measurements */
 static uint64_t gil_releases;     /* calls that released the GIL to encode */
 
-/* _ccore's drain round (drainround.h), or NULL when _ccore is not loaded. Holds the GIL;
- * runs no Python code (a module's attribute, no import). */
-static const rh_round_api *
-round_api(void)
-{
-    static const rh_round_api *found; /* _ccore's static struct: never unloaded */
-    if (found != NULL)
-        return found;
-    PyObject *exc = PyErr_GetRaisedException();
-    PyObject *name = PyUnicode_FromString("rethook.engine._ccore");
-    PyObject *mod = name != NULL ? PyImport_GetModule(name) : NULL;
-    PyObject *capsule = mod != NULL ? PyObject_GetAttrString(mod, "_ROUND_API") : NULL;
-    if (capsule != NULL && PyCapsule_IsValid(capsule, RH_ROUND_CAPSULE) &&
-        (size_t)(uintptr_t)PyCapsule_GetContext(capsule) >= sizeof(rh_round_api))
-        found = PyCapsule_GetPointer(capsule, RH_ROUND_CAPSULE);
-    Py_XDECREF(capsule);
-    Py_XDECREF(mod);
-    Py_XDECREF(name);
-    PyErr_Clear();
-    PyErr_SetRaisedException(exc);
-    return found;
-}
-
 /* Whether a call that takes n records of a ring of cap lets the GIL go (see above). */
 static int
 releases_gil(Py_ssize_t n, uint64_t cap, const rh_round_api *round)
@@ -2272,7 +2249,7 @@ encode_ring(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     const rh_cring_api *api = cring_api();
     if (api == NULL)
         return NULL;
-    const rh_round_api *round = round_api();
+    const rh_round_api *round = rh_round_api_find();
     if (!PyObject_TypeCheck(ring, api->ring_type)) {
         PyErr_Format(PyExc_TypeError, "encode_ring(): expected a Ring, not %.100s",
                      Py_TYPE(ring)->tp_name);

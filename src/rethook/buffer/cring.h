@@ -82,7 +82,13 @@ typedef struct {
     int on;              /* tracing_on: when 0 nothing is written nor counted */
     int overwrite;       /* 1: drop the oldest; 0: refuse the newest */
     PyObject *weakreflist;
+    uint64_t high_water;   /* RH_RING_HIGH_WATER(capacity): past it, full() is told */
+    void (*full)(void);    /* _ccore's rh_round_api.full, or NULL (engine/drainround.h) */
 } rh_ring;
+
+/* A ring with this many unconsumed records reports it (rh_ring.full): three quarters of its
+ * capacity, the rest the headroom its writer fills before it next waits for the drain. */
+#define RH_RING_HIGH_WATER(capacity) ((capacity) - (capacity) / 4)
 
 /* The caller's line of a function record (its depth holds the line, or with RH_CALLER_OFFSET
  * the caller's instruction offset). Runs no Python code. */
@@ -124,13 +130,18 @@ rh_ring_reserve(rh_ring *r, rh_stale *stale)
     stale->code = stale->parent = NULL;
     if (!r->on)
         return NULL;
-    if (r->head - r->floor >= r->capacity) {
-        if (!r->overwrite) {
-            r->refused++;
-            r->refused_unreported++;
-            return NULL;
+    uint64_t used = r->head - r->floor;
+    if (used >= r->high_water) { /* (one compare per record below it) */
+        if (r->full != NULL)
+            r->full(); /* the program's threads may wait for the drain: an atomic flag */
+        if (used >= r->capacity) {
+            if (!r->overwrite) {
+                r->refused++;
+                r->refused_unreported++;
+                return NULL;
+            }
+            r->floor = r->head - r->capacity + 1; /* the oldest is overwritten (lost) */
         }
-        r->floor = r->head - r->capacity + 1; /* the oldest is overwritten (lost) */
     }
     rh_rec *rec = &r->recs[r->wpos];
     stale->code = rec->code;

@@ -22,6 +22,9 @@ if TYPE_CHECKING:  # the runner loads the engine: only the command that runs a p
 
 #: Default ``-b`` of record and stream (KiB per thread): about 64k events.
 RECORD_BUFFER_KB = 8192
+#: record's --blocking-timeout: longer than a drain thread is ever descheduled on a busy
+#: machine, short enough that a drain stuck for good (a full disk) stalls the program once
+RECORD_BLOCKING_MS = 1000
 
 #: Options that name a module to run; what follows them is the module's arguments.
 MODULE_OPTS = ("-m", "--module")
@@ -187,6 +190,14 @@ _LIMIT_OPTIONS = [
 ]
 
 
+BLOCKING_OPTION = click.option(
+    "--blocking-timeout", "blocking_ms", type=Bounded(limits.BLOCKING_MS), metavar="MS",
+    default=RECORD_BLOCKING_MS, show_default=True,
+    help="When a thread's buffer is three quarters full, the program's threads wait for "
+         "rethook to write it out, up to MS milliseconds, rather than lose events (LTTng's "
+         "blocking-timeout). 0: never wait; what does not fit is lost, and counted.")
+
+
 _FOLLOW_OPTION = click.option(
     "--no-follow", "follow", is_flag=True, flag_value=False, default=True,
     help="Do not trace the processes the program starts (by default forks, multiprocessing "
@@ -230,6 +241,7 @@ def settings_from(params: dict[str, Any], tracer: str | None = None) -> TraceSet
         tracing_thresh=params.get("tracing_thresh"),
         buffer_kb=params.get("buffer_kb"),
         follow=params.get("follow", True),
+        blocking_ms=params.get("blocking_ms"),
     )
 
 

@@ -21,6 +21,7 @@ import click
 import rethook
 from rethook import gcpause
 from rethook.cli.args import (
+    BLOCKING_OPTION,
     ProgramCommand,
     attach_options,
     check_sort,
@@ -182,6 +183,7 @@ def _stderr(text: str) -> None:
 @trace_options()
 @click.option("-o", "output", default="trace.dat", show_default=True, metavar="FILE",
               help="Write the trace to FILE.")
+@BLOCKING_OPTION
 @attach_options()
 @module_option
 @program_argument
@@ -226,7 +228,8 @@ def _record(ctx: click.Context, prog: Program, settings: TraceSettings, output: 
         with notrace():  # rethook's own work: what it calls is not discovered for it
             children = _follow("record", settings, filters, output)
             sections = children.append_sections if children is not None else None
-            recorder = Recorder(output, trace_meta(fs, prog, filters, settings), sections)
+            recorder = Recorder(output, trace_meta(fs, prog, filters, settings), sections,
+                                blocking_ms=settings.blocking_ms)
     except OSError as e:
         fs.close()
         raise click.UsageError(f"-o {output!r}: cannot write: {e.strerror}", ctx) from None

@@ -161,6 +161,70 @@ give_way(int64_t until)
     PyEval_RestoreThread(ts);
 }
 
+/* ---- Blocking: the program waits for the drain rather than lose records ----------------
+ *
+ * However the rounds go, a drain can fall behind: the thread descheduled for tens of ms, a
+ * slow write, the first rounds of new threads. A ring then overwrites records the drain has
+ * not written out. With blocking on (drain_blocking(), LTTng's blocking-timeout; rethook
+ * record's --blocking-timeout), a writer whose ring is three quarters full reports it
+ * (cring.h's rh_ring_reserve calls rh_round_api.full: one compare per record otherwise),
+ * and every program thread, at its next event of hooked code (WAIT_FOR_DRAIN), waits for the
+ * drain with the GIL released (wait_for_drain). The wait ends when a consuming read takes a ring's records
+ * (rh_round_api.drained, from _cring.c) or the drain finds nothing left (drain_wait); or
+ * when blocking_ns have passed since the report: the threads go on, what no longer fits is
+ * lost and counted as without blocking, and no thread waits again until the drain shows
+ * progress (a drain that is gone or stuck does not stall the program at every call).
+ * Only while a drain runs (from its drain_blocking to its drain_end): a ring nobody consumes
+ * just overwrites. A ring's quarter of headroom holds what its thread writes until its next
+ * event of hooked code. */
+static int64_t full_at;       /* __atomic: when a ring was reported full (mono ns); 0: none */
+static int64_t blocking_ns;   /* __atomic: how long threads may wait; 0: never */
+static int drain_running;     /* __atomic: drain_blocking(> 0) since the last drain_end */
+static int blocking_stalled;  /* __atomic: the last wait timed out; none until progress */
+
+#define BLOCKING_STEP_NS 50000 /* how often a waiting thread looks at the flag */
+
+static void
+round_full(void)
+{
+    if (__atomic_load_n(&full_at, __ATOMIC_RELAXED) != 0 ||
+        !__atomic_load_n(&drain_running, __ATOMIC_RELAXED) ||
+        __atomic_load_n(&blocking_ns, __ATOMIC_RELAXED) == 0 ||
+        __atomic_load_n(&blocking_stalled, __ATOMIC_RELAXED))
+        return;
+    int64_t none = 0;
+    __atomic_compare_exchange_n(&full_at, &none, mono_ns(), 0, __ATOMIC_RELEASE,
+                                __ATOMIC_RELAXED);
+}
+
+static void
+round_drained(void)
+{
+    __atomic_store_n(&blocking_stalled, 0, __ATOMIC_RELAXED);
+    if (__atomic_load_n(&full_at, __ATOMIC_RELAXED) != 0)
+        __atomic_store_n(&full_at, 0, __ATOMIC_RELEASE);
+}
+
+static void
+wait_for_drain(void)
+{
+    int64_t since = __atomic_load_n(&full_at, __ATOMIC_ACQUIRE);
+    if (since == 0)
+        return;
+    int64_t deadline = since + __atomic_load_n(&blocking_ns, __ATOMIC_RELAXED);
+    PyThreadState *ts = PyEval_SaveThread();
+    while (__atomic_load_n(&full_at, __ATOMIC_ACQUIRE) != 0) {
+        if (mono_ns() >= deadline) {
+            __atomic_store_n(&blocking_stalled, 1, __ATOMIC_RELAXED);
+            __atomic_store_n(&full_at, 0, __ATOMIC_RELEASE);
+            break;
+        }
+        struct timespec d = {0, BLOCKING_STEP_NS};
+        nanosleep(&d, NULL);
+    }
+    PyEval_RestoreThread(ts);
+}
+
 /* In every callback, once the thread is known not to be busy: one relaxed load. */
 #define GIVE_WAY()                                                          \
     do {                                                                    \
@@ -169,11 +233,25 @@ give_way(int64_t until)
             give_way(until_);                                               \
     } while (0)
 
-/* A fork child has no drain (a round open then is the parent's). */
+/* At an event of hooked code (which may write a record), once the thread is known not to be
+ * busy, before the callback reads anything shared (the GIL goes meanwhile): one relaxed
+ * load. Not at discovery's PY_START of other code (on_start looks its code up first): a
+ * thread of rethook's own runs some before it is marked busy (the drain itself, as it
+ * starts), and must not wait for the drain. */
+#define WAIT_FOR_DRAIN()                                                    \
+    do {                                                                    \
+        if (__atomic_load_n(&full_at, __ATOMIC_RELAXED) != 0)               \
+            wait_for_drain();                                               \
+    } while (0)
+
+/* A fork child has no drain (a round open then is the parent's; a report too). */
 static void
 round_after_fork(void)
 {
     __atomic_store_n(&round_until, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&drain_running, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&blocking_stalled, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&full_at, 0, __ATOMIC_RELAXED);
 }
 
 PyDoc_STRVAR(drain_wait_doc,
@@ -198,6 +276,7 @@ drain_wait(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     if (first < 0)
         return NULL;
     __atomic_store_n(&round_until, 0, __ATOMIC_RELAXED);
+    round_drained(); /* (it found nothing left to write) */
     Py_BEGIN_ALLOW_THREADS
     if (s > 0) {
         struct timespec d = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
@@ -219,6 +298,31 @@ static PyObject *
 drain_end(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(arg))
 {
     __atomic_store_n(&round_until, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&drain_running, 0, __ATOMIC_RELAXED);
+    round_drained();
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(drain_blocking_doc,
+"drain_blocking(seconds) -> None\n\
+\n\
+For the thread that writes the program's records out, as it starts: until its drain_end(),\n\
+the program's threads may wait for it up to `seconds` when a native ring is three quarters\n\
+full, rather than let records be overwritten. 0: they never wait.");
+
+static PyObject *
+drain_blocking(PyObject *Py_UNUSED(module), PyObject *arg)
+{
+    double s = PyFloat_AsDouble(arg);
+    if (s == -1.0 && PyErr_Occurred())
+        return NULL;
+    if (!(s >= 0 && s <= 3600)) {
+        PyErr_Format(PyExc_ValueError, "drain_blocking(): %R is not 0-3600 seconds", arg);
+        return NULL;
+    }
+    __atomic_store_n(&blocking_ns, (int64_t)(s * 1e9), __ATOMIC_RELAXED);
+    __atomic_store_n(&drain_running, s > 0, __ATOMIC_RELAXED);
+    round_drained();
     Py_RETURN_NONE;
 }
 
@@ -242,7 +346,8 @@ round_current(void)
     return __atomic_load_n(&round_until, __ATOMIC_RELAXED);
 }
 
-static const rh_round_api round_api = {round_take, round_open, mono_ns, round_current};
+static const rh_round_api round_api = {round_take, round_open, mono_ns, round_current,
+                                       round_full, round_drained};
 
 
 /* ---------------------------------------------------------------------------------------- */
@@ -1716,6 +1821,8 @@ on_start(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
         return finish(pending);
     }
     GIVE_WAY();
+    if (__atomic_load_n(&full_at, __ATOMIC_RELAXED) != 0 && lookup(code) != NULL)
+        wait_for_drain(); /* (hooked code only; before anything is read: the GIL goes) */
     if (!sweeping) {
         const Slot *fs = lookup(code);
         if (fs == NULL)
@@ -1901,6 +2008,7 @@ on_return(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     if (ts == NULL)
         return finish(pending);
     GIVE_WAY();
+    WAIT_FOR_DRAIN(); /* (an event of hooked code: its local events) */
     if (!sweeping && (direct_return(tstate, ts, code, NULL, &pending) ||
                       gen_direct_return(tstate, ts, NULL, &pending)))
         return finish(pending);
@@ -2014,6 +2122,7 @@ on_unwind(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     if (rec_item(PyList_GET_ITEM(stack, PyList_GET_SIZE(stack) - 1), REC_KEY) != code &&
         lookup(code) == NULL)
         Py_RETURN_NONE; /* not hooked (draining code stays in the table) */
+    WAIT_FOR_DRAIN();
     if (!sweeping && gen_direct_return(tstate, ts, exc, &pending))
         return finish(pending);
     Py_INCREF(ts);
@@ -2082,6 +2191,7 @@ on_yield(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     if (ts == NULL)
         return finish(pending);
     GIVE_WAY();
+    WAIT_FOR_DRAIN(); /* (an event of hooked code: its local events) */
     if (!sweeping && gen_direct_yield(tstate, ts, &pending))
         return finish(pending);
     Py_INCREF(ts);
@@ -2163,7 +2273,7 @@ on_resume(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     }
     if (ts_is_busy(ts))
         Py_RETURN_NONE;
-    GIVE_WAY();
+    GIVE_WAY(); /* (no WAIT_FOR_DRAIN: PY_THROW reaches any frame, rethook's own too) */
     /* A frame with no frame object is no parked record's key (a record holds its frame, which
      * stays its interpreter frame's own): nothing to unpark, and no frame object is made (a
      * PY_THROW into any frame). */
@@ -2503,6 +2613,7 @@ ignore(PyObject *Py_UNUSED(module), PyObject *const *Py_UNUSED(args),
 static PyMethodDef methods[] = {
     {"drain_wait", (PyCFunction)(void (*)(void))drain_wait, METH_FASTCALL, drain_wait_doc},
     {"drain_end", drain_end, METH_NOARGS, drain_end_doc},
+    {"drain_blocking", drain_blocking, METH_O, drain_blocking_doc},
     {"on_start", (PyCFunction)(void (*)(void))on_start, METH_FASTCALL,
      "PY_START callback (code, offset)."},
     {"on_return", (PyCFunction)(void (*)(void))on_return, METH_FASTCALL,

@@ -1027,6 +1027,12 @@ class PyCore:
         """End the round :meth:`drain_wait` began (nothing to do here)."""
 
     @staticmethod
+    def drain_blocking(seconds: float) -> None:
+        """How long the program's threads may wait for a running drain when a native ring
+        is three quarters full, rather than lose records; 0: never. (Here: nothing to do,
+        this core writes no native rings.)"""
+
+    @staticmethod
     def after_fork_in_child() -> None:
         """Keep the forking thread's state, forget the others (their calls are the parent's)."""
         global sweep_lock, _threads_lock

@@ -6,15 +6,18 @@
  * encoder (buffer/_tfenc.c) lets the GIL go while it encodes a ring's records, and uses these
  * to close the round while it does not want the GIL (program threads handing it to one another
  * at every callback would only slow the program), and to open one just before it asks for the
- * GIL back (so it does not wait out a switch interval while the ring fills).
+ * GIL back (so it does not wait out a switch interval while the ring fills). The ring module
+ * (buffer/_cring.c, cring.h) reports a ring close to full and every consuming read, for the
+ * program's threads to wait for the drain rather than lose records ("blocking").
  *
  * Capsule RH_ROUND_CAPSULE, an attribute of rethook.engine._ccore (read only when that module
  * is loaded: the pure core has no rounds). Each function is a relaxed atomic access to that
- * one value: callable with or without the GIL. Fields are only ever added at the end; the
+ * one value (or to the blocking flag): callable with or without the GIL. Fields are only ever added at the end; the
  * capsule's context is the struct's size. */
 #ifndef RETHOOK_DRAINROUND_H
 #define RETHOOK_DRAINROUND_H
 
+#include <Python.h>
 #include <stdint.h>
 
 #define RH_ROUND_CAPSULE "rethook.engine._ccore._ROUND_API"
@@ -29,6 +32,38 @@ typedef struct {
     int64_t (*now)(void);
     /* When the open round ends, 0 if none is open (nothing changed). */
     int64_t (*current)(void);
+    /* A writer's ring is three quarters full (cring.h): with blocking on, while a drain runs,
+     * the program's threads wait for the drain at their next event of hooked code (_ccore.c,
+     * "Blocking").
+     * Under the GIL, from inside rh_ring_reserve(): runs no Python code. */
+    void (*full)(void);
+    /* A consuming read took a ring's records (or the drain found none left): the threads
+     * waiting for the drain go on. */
+    void (*drained)(void);
 } rh_round_api;
+
+/* For the other extensions: _ccore's struct, or NULL while _ccore is not loaded (the pure
+ * core has no rounds: look again later). Holds the GIL; runs no Python code (a module's
+ * attribute, no import); once found, never unloaded. */
+static inline const rh_round_api *
+rh_round_api_find(void)
+{
+    static const rh_round_api *found;
+    if (found != NULL)
+        return found;
+    PyObject *exc = PyErr_GetRaisedException();
+    PyObject *name = PyUnicode_FromString("rethook.engine._ccore");
+    PyObject *mod = name != NULL ? PyImport_GetModule(name) : NULL;
+    PyObject *capsule = mod != NULL ? PyObject_GetAttrString(mod, "_ROUND_API") : NULL;
+    if (capsule != NULL && PyCapsule_IsValid(capsule, RH_ROUND_CAPSULE) &&
+        (size_t)(uintptr_t)PyCapsule_GetContext(capsule) >= sizeof(rh_round_api))
+        found = PyCapsule_GetPointer(capsule, RH_ROUND_CAPSULE);
+    Py_XDECREF(capsule);
+    Py_XDECREF(mod);
+    Py_XDECREF(name);
+    PyErr_Clear();
+    PyErr_SetRaisedException(exc);
+    return found;
+}
 
 #endif

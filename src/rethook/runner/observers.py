@@ -174,8 +174,11 @@ class Recorder(_Drain):
 
     def __init__(self, path: str, meta: dict[str, Any],
                  sections: Callable[[TraceWriter], list[str]] | None = None,
-                 quiet: bool = False) -> None:
+                 quiet: bool = False, blocking_ms: int | None = None) -> None:
         super().__init__()
+        # how long the program's threads may wait for the drain when a ring is three
+        # quarters full (engine/_ccore.c, "Blocking"); None or 0: they never wait
+        self.blocking_ms = blocking_ms or 0
         self.path = path
         self._abspath = os.path.abspath(path)  # the program may chdir
         self.meta = dict(meta)
@@ -212,6 +215,11 @@ class Recorder(_Drain):
                 raise SettingError("-b", str(kb), "not enough memory to drain a buffer of "
                                    f"{kb} KiB per thread") from None
         super().start(fs)
+
+    def _spawn(self) -> None:
+        # from now until the thread's drain_end, the program's threads may wait for it
+        self.fs.ctx.engine.core.drain_blocking(self.blocking_ms / 1000)
+        super()._spawn()
 
     def _discard(self) -> None:
         """Close the file and remove it, if it is one (not /dev/full, not a pipe)."""

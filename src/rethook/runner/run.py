@@ -170,7 +170,8 @@ def child_observers(children: Follow, fs: Tracefs, parent: int, how: str,
     if children.mode == "profile":
         return [ProfileObserver(save=children.process_file(".profile"), forked=forked)]
     meta = child_meta(fs, parent, how)
-    return [Recorder(children.process_file(), meta, quiet=True)]
+    return [Recorder(children.process_file(), meta, quiet=True,
+                     blocking_ms=children.settings.blocking_ms)]
 
 
 def child_meta(fs: Tracefs, parent: int, how: str) -> dict[str, Any]:

@@ -24,7 +24,7 @@ class TraceSettings:
     #: The flags, in order: what :meth:`to_json` writes and :meth:`from_json` reads.
     FIELDS = ("tracer", "filters", "notrace", "graph_functions", "graph_notrace", "events",
               "event_filters", "event_triggers", "options", "max_graph_depth", "tracing_thresh",
-              "buffer_kb", "follow")
+              "buffer_kb", "follow", "blocking_ms")
 
     __hash__ = None  # type: ignore[assignment] - mutable, compared by value
 
@@ -40,7 +40,8 @@ class TraceSettings:
                  max_graph_depth: int | None = None,
                  tracing_thresh: int | None = None,
                  buffer_kb: int | None = None,
-                 follow: bool = True) -> None:
+                 follow: bool = True,
+                 blocking_ms: int | None = None) -> None:
         # (a list or dict left out, or None, is a new empty one)
         self.tracer = tracer  # -p
         self.filters = [] if filters is None else filters  # -l (empty: the program's own code)
@@ -55,6 +56,8 @@ class TraceSettings:
         self.tracing_thresh = tracing_thresh  # microseconds
         self.buffer_kb = buffer_kb  # -b
         self.follow = follow  # --no-follow: child processes run untraced
+        # --blocking-timeout: how long the program may wait for record's drain (None, 0: never)
+        self.blocking_ms = blocking_ms
 
     def _as_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.FIELDS}
