@@ -42,7 +42,6 @@ class Handler(BaseHTTPRequestHandler):
             body = dict(STATE)
         elif self.path == "/quit":
             body = {"bye": True}
-            threading.Thread(target=server.shutdown).start()
         else:
             body = handle(self.path)
         data = json.dumps(body).encode()
@@ -50,6 +49,11 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
+        if self.path == "/quit":
+            # answered first: the handler threads are daemons, and the process may end
+            # as soon as serve_forever returns
+            self.wfile.flush()
+            threading.Thread(target=server.shutdown).start()
 
     def log_message(self, format, *args):
         pass
