@@ -169,8 +169,9 @@ give_way(int64_t until)
  * record's --blocking-timeout), a writer whose ring is three quarters full reports it
  * (cring.h's rh_ring_reserve calls rh_round_api.full: one compare per record otherwise),
  * and every program thread, at its next event of hooked code (WAIT_FOR_DRAIN), waits for the
- * drain with the GIL released (wait_for_drain). The wait ends when a consuming read takes a ring's records
- * (rh_round_api.drained, from _cring.c) or the drain finds nothing left (drain_wait); or
+ * drain with the GIL released (wait_for_drain). The wait ends when a consuming read takes a
+ * ring's records (rh_round_api.drained, from _cring.c) or the drain finds nothing left
+ * (drain_wait); or
  * when blocking_ns have passed since the report: the threads go on, what no longer fits is
  * lost and counted as without blocking, and no thread waits again until the drain shows
  * progress (a drain that is gone or stuck does not stall the program at every call).
@@ -213,10 +214,12 @@ wait_for_drain(void)
         return;
     int64_t deadline = since + __atomic_load_n(&blocking_ns, __ATOMIC_RELAXED);
     PyThreadState *ts = PyEval_SaveThread();
-    while (__atomic_load_n(&full_at, __ATOMIC_ACQUIRE) != 0) {
+    /* until this report is cleared (a later one has its own deadline: the next wait's) */
+    while (__atomic_load_n(&full_at, __ATOMIC_ACQUIRE) == since) {
         if (mono_ns() >= deadline) {
             __atomic_store_n(&blocking_stalled, 1, __ATOMIC_RELAXED);
-            __atomic_store_n(&full_at, 0, __ATOMIC_RELEASE);
+            __atomic_compare_exchange_n(&full_at, &since, 0, 0, __ATOMIC_RELEASE,
+                                        __ATOMIC_RELAXED);
             break;
         }
         struct timespec d = {0, BLOCKING_STEP_NS};

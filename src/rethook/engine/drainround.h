@@ -12,8 +12,8 @@
  *
  * Capsule RH_ROUND_CAPSULE, an attribute of rethook.engine._ccore (read only when that module
  * is loaded: the pure core has no rounds). Each function is a relaxed atomic access to that
- * one value (or to the blocking flag): callable with or without the GIL. Fields are only ever added at the end; the
- * capsule's context is the struct's size. */
+ * one value (or to the blocking flag): callable with or without the GIL. Fields are only ever
+ * added at the end; the capsule's context is the struct's size. */
 #ifndef RETHOOK_DRAINROUND_H
 #define RETHOOK_DRAINROUND_H
 
