@@ -28,8 +28,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
-#include "cring.h"
-#include "../engine/drainround.h" /* _ccore's blocking: a ring close to full, a ring drained */
+#include "cring.h" /* (with ../engine/drainround.h: the drain woken, blocking) */
 
 #if PY_VERSION_HEX < 0x030C0000
 #error "rethook's C ring needs CPython 3.12 or newer"
@@ -230,7 +229,9 @@ static void
 set_capacity(rh_ring *r, uint64_t capacity)
 {
     r->capacity = capacity;
+    r->wake_water = RH_RING_WAKE_WATER(capacity);
     r->high_water = RH_RING_HIGH_WATER(capacity);
+    rh_ring_rearm(r);
 }
 
 static PyObject *
@@ -260,9 +261,8 @@ ring_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     }
     /* tp_alloc zeroed the counters and weakreflist */
     r->recs = recs;
+    r->round = rh_round_api_find();
     set_capacity(r, capacity);
-    const rh_round_api *round = rh_round_api_find();
-    r->full = round != NULL ? round->full : NULL;
     r->tid = tid;
     r->on = 1;
     r->overwrite = 1;
@@ -515,8 +515,9 @@ took(rh_ring *r, rh_taken *t, uint64_t n)
     r->read_pos = r->floor = r->head;
     r->consumed += n;
     r->refused_unreported = 0;
-    if (r->full != NULL) /* (set from the same struct) threads waiting for the drain go on */
-        rh_round_api_find()->drained();
+    rh_ring_rearm(r);
+    if (r->round != NULL) /* threads waiting for the drain go on */
+        r->round->drained();
 }
 
 /* Ring.consume()'s: into a new array (t->owned) */
@@ -620,6 +621,7 @@ ring_clear(rh_ring *r, PyObject *Py_UNUSED(ignored))
     uint64_t floor = r->floor, head = r->head;
     r->floor = r->clear_seq = r->read_pos = r->head;
     r->consumed = r->refused = r->refused_unreported = 0;
+    rh_ring_rearm(r);
     rh_rec *fresh = recs_alloc(r->capacity);
     if (fresh == NULL) {
         /* No spare array: empty the slots in place. A finalizer run by a DECREF could write

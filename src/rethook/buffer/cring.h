@@ -38,6 +38,8 @@
 #include <Python.h>
 #include <stdint.h>
 
+#include "../engine/drainround.h"
+
 /* How many records ahead of the writer rh_ring_reserve() asks the CPU to fetch. */
 #define RH_PREFETCH_AHEAD 16
 
@@ -82,13 +84,46 @@ typedef struct {
     int on;              /* tracing_on: when 0 nothing is written nor counted */
     int overwrite;       /* 1: drop the oldest; 0: refuse the newest */
     PyObject *weakreflist;
-    uint64_t high_water;   /* RH_RING_HIGH_WATER(capacity): past it, full() is told */
-    void (*full)(void);    /* _ccore's rh_round_api.full, or NULL (engine/drainround.h) */
+    /* What the writer tells the drain (engine/drainround.h), one compare per record:
+     * unconsumed records reaching `mark` call rh_ring_passed(). */
+    uint64_t mark;         /* the next level to report: wake_water, then high_water */
+    uint64_t wake_water;   /* RH_RING_WAKE_WATER(capacity) */
+    uint64_t high_water;   /* RH_RING_HIGH_WATER(capacity) */
+    const rh_round_api *round; /* _ccore's round API, or NULL (then mark is the capacity) */
 } rh_ring;
 
-/* A ring with this many unconsumed records reports it (rh_ring.full): three quarters of its
- * capacity, the rest the headroom its writer fills before it next waits for the drain. */
+/* A ring this full wakes the drain (round->wake), once until its next consuming read: the
+ * kernel's buffer_percent, at a quarter. The drain sleeps until then rather than poll, so it
+ * takes the GIL from the program once per quarter ring instead of once per millisecond; a
+ * quarter leaves the drain room to get the GIL (a CPU-bound thread keeps it up to a switch
+ * interval) and to encode the round without it (_tfenc.c: at most half a ring). */
+#define RH_RING_WAKE_WATER(capacity) ((capacity) / 4)
+/* A ring this full reports it at every record (round->full): three quarters of its capacity,
+ * the rest the headroom its writer fills before it next waits for the drain ("blocking"). */
 #define RH_RING_HIGH_WATER(capacity) ((capacity) - (capacity) / 4)
+
+/* The first level a ring with nothing unconsumed reports: after a consuming read, a clear, a
+ * resize. Without a round API only a full ring is noticed (for overwriting or refusing). */
+static inline void
+rh_ring_rearm(rh_ring *r)
+{
+    r->mark = r->round != NULL ? r->wake_water : r->capacity;
+}
+
+/* Unconsumed records reached r->mark: wake the drain at the wake level, then report the
+ * high level at every record until a consuming read (the program's threads may wait). */
+static inline void
+rh_ring_passed(rh_ring *r, uint64_t used)
+{
+    if (r->round == NULL)
+        return;
+    if (used >= r->high_water) {
+        r->round->full();
+        return;
+    }
+    r->round->wake();
+    r->mark = r->high_water;
+}
 
 /* The caller's line of a function record (its depth holds the line, or with RH_CALLER_OFFSET
  * the caller's instruction offset). Runs no Python code. */
@@ -131,9 +166,8 @@ rh_ring_reserve(rh_ring *r, rh_stale *stale)
     if (!r->on)
         return NULL;
     uint64_t used = r->head - r->floor;
-    if (used >= r->high_water) { /* (one compare per record below it) */
-        if (r->full != NULL)
-            r->full(); /* the program's threads may wait for the drain: an atomic flag */
+    if (used >= r->mark) { /* (one compare per record below it; mark <= capacity) */
+        rh_ring_passed(r, used);
         if (used >= r->capacity) {
             if (!r->overwrite) {
                 r->refused++;

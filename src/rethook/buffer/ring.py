@@ -127,6 +127,12 @@ PIPE_POLL_SECONDS = 0.05
 #: wakes, a CPU-bound program keeps the GIL for up to a switch interval (5 ms) more: the
 #: ring must hold what the program makes in both (the recorder's first read of a call storm).
 NATIVE_PIPE_POLL_SECONDS = 0.001
+#: How long the recorder's drain waits between two rounds at most while only native rings
+#: write (TracePipe.read_or_feed): the C core's wait ends as soon as a ring is a quarter full
+#: (cring.h's wake mark) or the drain is stopped, so this only bounds how long the records
+#: of a slow writer wait to be written, and how often the drain looks at the hook and at
+#: signals between rounds.
+NATIVE_DRAIN_WAIT_SECONDS = 0.05
 #: How recent a thread's native records must be for it to count as writing: with two or more
 #: such threads the drain's rounds come first (TracePipe.read_or_feed, engine/_ccore.c)
 WRITERS_SECONDS = 0.1
@@ -624,6 +630,7 @@ class TraceBuffer:
         self._name_of: _native.NameOf = _native.default_name_of
         self._poll_seconds = PIPE_POLL_SECONDS  # NATIVE_PIPE_POLL_SECONDS once a ring exists
         self._writers = 0  # threads whose native records a round fed in WRITERS_SECONDS
+        self._python_at = float("-inf")  # when a round of read_or_feed last had Python items
         _live_buffers.add(self)
 
     # -- writers --------------------------------------------------------------------------
@@ -865,6 +872,8 @@ class TraceBuffer:
                 elif batch := buf._consume_native(items):
                     batches.append(batch)
             self._writers = sum(now - buf._fed_at < WRITERS_SECONDS for buf in buffers)
+            if any(python):
+                self._python_at = now
         if fed and not batches:
             return None
         return _merge_threads(batches)
@@ -985,11 +994,13 @@ class TracePipe:
         go to ``feed(ring, tid, name_of)``, which consumes the ring (a trace writer's
         ``write_native``); None when that was the whole round. [] on timeout or close.
 
-        ``wait(seconds, first)``, if given, is how the reader waits between two polls of
-        native rings (the engine core's ``drain_wait``): ``first`` when two or more threads
-        wrote native records in the last WRITERS_SECONDS; the next round then has the GIL
-        ahead of the program's threads. A wait for Python rings is woken by their writers,
-        as :meth:`read`'s is."""
+        ``wait(seconds, first)``, if given, is how the reader waits between two rounds while
+        native rings exist (the engine core's ``drain_wait``, which a ring a quarter full
+        ends): up to NATIVE_DRAIN_WAIT_SECONDS, or a poll's length while Python-side events
+        came in the last WRITERS_SECONDS (their writers do not end it); ``first`` when two
+        or more threads wrote native records in that time: the next round then has the GIL
+        ahead of the program's threads. Without native rings the wait is :meth:`read`'s,
+        which Python writers end. Whoever closes the pipe must end that wait too."""
         return self._poll(lambda: self._buffer._consume_or_feed(feed), timeout, wait)
 
     def _poll(self, consume: Callable[[], list[Event | Lost] | None],
@@ -1004,13 +1015,16 @@ class TracePipe:
             if items is None or items:
                 return items
             wait = buffer._poll_seconds
+            native = native_wait is not None and wait <= NATIVE_PIPE_POLL_SECONDS
+            now = time.monotonic()
+            if native and now - buffer._python_at >= WRITERS_SECONDS:
+                wait = NATIVE_DRAIN_WAIT_SECONDS  # (a ring's wake mark ends it)
             if deadline is not None:
-                remaining = deadline - time.monotonic()
+                remaining = deadline - now
                 if remaining <= 0:
                     break
                 wait = min(wait, remaining)
-            if native_wait is not None and wait <= NATIVE_PIPE_POLL_SECONDS:
-                # (a close is seen by the next poll, a millisecond on)
+            if native:
                 native_wait(wait, buffer._writers >= 2)
             else:
                 buffer._wait(wait)

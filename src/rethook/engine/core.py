@@ -137,6 +137,10 @@ FLAG_CLOSED = 2  # a suspended generator/coroutine was closed or collected witho
 
 DEFAULT_MAX_DEPTH = 65536
 
+#: How long this core's drain_wait sleeps at most: no native ring can wake it (the C core's
+#: wake-ups), so the recorder's drain polls native rings this often here.
+DRAIN_POLL_SECONDS = 0.001
+
 
 # --- shadow-stack entries: the three kinds, told apart here only ------------------------------
 class EntryKind(enum.Enum):
@@ -1015,12 +1019,18 @@ class PyCore:
 
     @staticmethod
     def drain_wait(seconds: float, first: bool) -> None:
-        """Sleep ``seconds`` without the GIL, then take it back, for the thread that writes
-        the program's records out (the recorder's drain) between two rounds. With ``first``
-        the C core's runs the round that follows ahead of the program's threads (they hand
-        the GIL over at their next callback) until :meth:`drain_end`; this one waits its turn
+        """Wait up to ``seconds`` without the GIL, then take it back, for the thread that
+        writes the program's records out (the recorder's drain) between two rounds. The C
+        core's wait ends as soon as a native ring is a quarter full (or :meth:`drain_wake`),
+        and a round that follows a wake or ``first`` runs ahead of the program's threads
+        (they hand the GIL over at their next callback) until :meth:`drain_end`. Nothing
+        wakes this one: it sleeps a poll's length at most, and waits its turn for the GIL
         like any thread."""
-        time.sleep(seconds)
+        time.sleep(min(seconds, DRAIN_POLL_SECONDS))
+
+    @staticmethod
+    def drain_wake() -> None:
+        """End the drain's :meth:`drain_wait` now (here it ends by itself soon enough)."""
 
     @staticmethod
     def drain_end() -> None:

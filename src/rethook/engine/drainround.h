@@ -8,7 +8,8 @@
  * at every callback would only slow the program), and to open one just before it asks for the
  * GIL back (so it does not wait out a switch interval while the ring fills). The ring module
  * (buffer/_cring.c, cring.h) reports a ring close to full and every consuming read, for the
- * program's threads to wait for the drain rather than lose records ("blocking").
+ * program's threads to wait for the drain rather than lose records ("blocking"), and a ring a
+ * quarter full, which wakes the drain from its wait between rounds (drain_wait).
  *
  * Capsule RH_ROUND_CAPSULE, an attribute of rethook.engine._ccore (read only when that module
  * is loaded: the pure core has no rounds). Each function is a relaxed atomic access to that
@@ -40,6 +41,10 @@ typedef struct {
     /* A consuming read took a ring's records (or the drain found none left): the threads
      * waiting for the drain go on. */
     void (*drained)(void);
+    /* A writer's ring is a quarter full (cring.h): the drain's wait between rounds ends.
+     * Under the GIL, from inside rh_ring_reserve(), once per ring until its next consuming
+     * read: runs no Python code. */
+    void (*wake)(void);
 } rh_round_api;
 
 /* For the other extensions: _ccore's struct, or NULL while _ccore is not loaded (the pure

@@ -62,6 +62,7 @@ if _ccore is not None:
         set_overflow = staticmethod(_ccore.set_overflow)
         drain_wait = staticmethod(_ccore.drain_wait)
         drain_end = staticmethod(_ccore.drain_end)
+        drain_wake = staticmethod(_ccore.drain_wake)
         drain_blocking = staticmethod(_ccore.drain_blocking)
 else:
     CCore = None  # type: ignore[assignment,misc]

@@ -91,7 +91,8 @@ class _Drain(Observer):
     def _join(self, until_gone: bool = False) -> None:
         if self._running and self._thread is not None:
             self._stopping = True
-            self._pipe.close()  # wakes a read that is waiting
+            self._pipe.close()  # wakes a read that is waiting,
+            self.fs.ctx.engine.core.drain_wake()  # or the native rings' wait
             self._thread.join(until_gone=until_gone)
             self._running = False
 

@@ -87,6 +87,7 @@ class Session:
         with notrace():
             for obs in self.observers:
                 obs.stop(fs)
+        fs.ctx.engine.for_exit()  # the process ends: no function needs un-hooking one by one
         fs.close()
         fs.write("tracing_on", "0")
         with notrace():
