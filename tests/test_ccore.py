@@ -38,6 +38,7 @@ from rethook.engine.core import FLAG_CLOSED
 from rethook.engine.engine import Engine, FgraphOps, FtraceOps, get_engine
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
+JOIN_SECONDS = 30  # bounds a wait that would otherwise hang the suite; never reached
 ROOT = os.path.dirname(TESTS)
 
 needs_c = pytest.mark.skipif(
@@ -830,3 +831,84 @@ def test_drain_rounds_on_both_cores(kind):
     finally:
         engine.unregister_ftrace_graph(ops)
     assert done.is_set()
+
+
+def test_a_ring_a_quarter_full_wakes_the_drain():
+    """Between rounds the recorder's drain waits until a native ring is a quarter full
+    (cring.h's wake mark), not a poll's length: the writer wakes it once, and again only
+    after a consuming read; drain_wake() (the recorder stopping it) ends a wait too."""
+    if not select.c_core_available():
+        pytest.skip("the C core is not built")
+    from rethook.engine import _ccore
+
+    cring = pytest.importorskip("rethook.buffer._cring")
+    ring = cring.Ring(16, 1)  # the wake mark: a record written into 4 unconsumed ones
+    code = calls.leaf.__code__
+
+    def write(n: int) -> None:
+        for _ in range(n):
+            assert ring.write(2, 1, code, None, 0, 0, 0, 0, 0)
+
+    _ccore.drain_wait(0, False)  # (forget a wake another test left)
+    write(4)
+    assert _ccore.drain_wait(0, False) is False
+    write(1)
+    assert _ccore.drain_wait(0, False) is True  # the fifth record woke it
+    write(4)  # further past the mark, not consumed: no second wake
+    assert _ccore.drain_wait(0, False) is False
+    ring.consume()
+    write(5)
+    assert _ccore.drain_wait(0, False) is True
+
+    woken: list[bool] = []
+    waiter = threading.Thread(target=lambda: woken.append(_ccore.drain_wait(600, False)))
+    waiter.start()
+    ring.consume()
+    write(5)  # wakes the waiting thread long before its ten minutes
+    waiter.join(JOIN_SECONDS)
+    assert woken == [True]
+
+    waiter = threading.Thread(target=lambda: woken.append(_ccore.drain_wait(600, False)))
+    waiter.start()
+    _ccore.drain_wake()
+    waiter.join(JOIN_SECONDS)
+    assert woken == [True, True]
+    ring.consume()
+
+
+def test_a_stop_for_exit_delivers_the_open_calls_and_leaves_the_events():
+    """Engine.for_exit (the command line's run is over): the last user's unregister stops
+    the engine at once, delivering the calls still open (FLAG_UNFINISHED) and leaving the
+    functions' local events set with no callback; a later start clears them."""
+    engine = Engine()
+    seen = []
+    ops = FgraphOps(lambda *a: True, lambda code, *a: seen.append((code.co_name, a[-1])),
+                    filter="programs.calls.leaf programs.calls.block")
+    engine.register_ftrace_graph(ops)
+    tool = engine.tool_id
+    entered, release = threading.Event(), threading.Event()
+
+    def blocked() -> None:
+        calls.block(entered, release)
+
+    t = threading.Thread(target=blocked)
+    t.start()
+    try:
+        assert entered.wait(JOIN_SECONDS)
+        calls.leaf(1)
+        engine.for_exit()
+        engine.unregister_ftrace_graph(ops)
+    finally:
+        release.set()
+        t.join(JOIN_SECONDS)
+    assert not engine.running
+    assert ("leaf", 0) in seen and ("block", pycore.FLAG_UNFINISHED) in seen
+    assert sys.monitoring.get_local_events(tool, calls.leaf.__code__) != 0
+    engine.register_ftrace_graph(ops := FgraphOps(lambda *a: True, lambda *a: None,
+                                                  filter="programs.calls.leaf"))
+    try:
+        if engine.tool_id == tool:  # the same id again: what the stop left is cleared
+            assert sys.monitoring.get_local_events(tool, calls.block.__code__) == 0
+    finally:
+        engine.unregister_ftrace_graph(ops)
+    assert sys.monitoring.get_local_events(tool, calls.leaf.__code__) == 0

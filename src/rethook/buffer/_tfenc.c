@@ -1951,14 +1951,15 @@ encode_batch(Fused *f, Encoded *e, int held)
  * keeps it a switch interval (5 ms) once asked, while its ring fills. So:
  *   - one release per call, for all its batches; none for small calls (fewer than
  *     NOGIL_MIN_RECORDS records: the handoff would cost more than the encoding);
- *   - none when the ring was more than half full: the drain is falling behind (another
- *     process holds the second CPU), and encoding with the GIL held is what slows the
- *     program down to the drain's pace, as before;
- *   - none while a drain round is open (two or more threads write: _ccore.c's rounds that
- *     come first). The round holds the program's threads off while the drain empties every
- *     ring; letting them run in the middle of it, each ring drained later fills meanwhile
- *     (the 4-thread storm lost up to a fifth of its events when the drain let the GIL go
- *     there, on a machine shared with another job);
+ *   - none when the ring was more than half full and blocking is off: the drain is
+ *     falling behind (another process holds the second CPU), and encoding with the GIL held
+ *     is what slows the program down to the drain's pace, as before (with blocking on, the
+ *     program's threads wait for the drain at three quarters full anyway);
+ *   - none while a drain round is open (two or more threads write with blocking off:
+ *     _ccore.c's rounds that come first). The round holds the program's threads off while
+ *     the drain empties every ring; letting them run in the middle of it, each ring drained
+ *     later fills meanwhile (the 4-thread storm lost up to a fifth of its events when the
+ *     drain let the GIL go there, on a machine shared with another job);
  *   - while the GIL is released no round is open (one would have the program's threads
  *     hand the GIL to one another at every callback), and just before taking it back the
  *     drain opens one (drainround.h): the program hands the GIL over at its next callback
@@ -1983,7 +1984,8 @@ releases_gil(Py_ssize_t n, uint64_t cap, const rh_round_api *round)
 {
     if (gil_mode != GIL_POLICY)
         return gil_mode == GIL_RELEASE && n > 0;
-    return n >= NOGIL_MIN_RECORDS && (uint64_t)n <= cap / 2 &&
+    return n >= NOGIL_MIN_RECORDS &&
+           ((uint64_t)n <= cap / 2 || (round != NULL && round->blocking())) &&
            (round == NULL || round->current() == 0);
 }
 

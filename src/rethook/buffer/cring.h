@@ -92,11 +92,12 @@ typedef struct {
     const rh_round_api *round; /* _ccore's round API, or NULL (then mark is the capacity) */
 } rh_ring;
 
-/* A ring this full wakes the drain (round->wake), once until its next consuming read: the
- * kernel's buffer_percent, at a quarter. The drain sleeps until then rather than poll, so it
- * takes the GIL from the program once per quarter ring instead of once per millisecond; a
- * quarter leaves the drain room to get the GIL (a CPU-bound thread keeps it up to a switch
- * interval) and to encode the round without it (_tfenc.c: at most half a ring). */
+/* A record written into a ring this full wakes the drain (round->wake), once until the
+ * ring's next consuming read: the kernel's buffer_percent, at a quarter. The drain sleeps
+ * until then rather than poll, so it takes the GIL from the program once per quarter ring
+ * instead of once per millisecond; a quarter leaves the drain room to get the GIL (a
+ * CPU-bound thread keeps it up to a switch interval) and to encode the round without it
+ * (_tfenc.c: at most half a ring). */
 #define RH_RING_WAKE_WATER(capacity) ((capacity) / 4)
 /* A ring this full reports it at every record (round->full): three quarters of its capacity,
  * the rest the headroom its writer fills before it next waits for the drain ("blocking"). */

@@ -988,7 +988,7 @@ class TracePipe:
         return items
 
     def read_or_feed(self, timeout: float | None, feed: NativeFeed,
-                     wait: Callable[[float, bool], None] | None = None
+                     wait: Callable[[float, bool], object] | None = None
                      ) -> list[Event | Lost] | None:
         """:meth:`read`, except that the native records of each thread that has nothing else
         go to ``feed(ring, tid, name_of)``, which consumes the ring (a trace writer's
@@ -1004,7 +1004,7 @@ class TracePipe:
         return self._poll(lambda: self._buffer._consume_or_feed(feed), timeout, wait)
 
     def _poll(self, consume: Callable[[], list[Event | Lost] | None],
-              timeout: float | None, native_wait: Callable[[float, bool], None] | None = None
+              timeout: float | None, native_wait: Callable[[float, bool], object] | None = None
               ) -> list[Event | Lost] | None:
         """Call ``consume`` until it gives something (items, or None: fed), the timeout
         passes or the pipe is closed ([])."""

@@ -198,6 +198,13 @@ round_full(void)
                                 __ATOMIC_RELAXED);
 }
 
+static int
+round_blocking(void)
+{
+    return __atomic_load_n(&drain_running, __ATOMIC_RELAXED) &&
+           __atomic_load_n(&blocking_ns, __ATOMIC_RELAXED) != 0;
+}
+
 static void
 round_drained(void)
 {
@@ -321,13 +328,14 @@ round_after_fork(void)
 }
 
 PyDoc_STRVAR(drain_wait_doc,
-"drain_wait(seconds, first) -> None\n\
+"drain_wait(seconds, first) -> bool\n\
 \n\
 Close the open drain round, wait up to `seconds` without the GIL until a native ring is a\n\
-quarter full (or drain_wake()), then take the GIL back. With `first` true, open a round\n\
-before: until drain_end() (or the next drain_wait()) the program's threads hand\n\
-the GIL over at their next callback whenever they have it. For the thread that writes the\n\
-program's records out (the recorder's drain).");
+quarter full (or drain_wake()), then take the GIL back; whether one of those ended the wait\n\
+(or came since the last wait). With `first` true and blocking off (drain_blocking(0)),\n\
+open a round before: until drain_end() (or the next drain_wait()) the program's threads\n\
+hand the GIL over at their next callback whenever they have it. For the thread that writes\n\
+the program's records out (the recorder's drain).");
 
 static PyObject *
 drain_wait(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
@@ -344,12 +352,13 @@ drain_wait(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     __atomic_store_n(&round_until, 0, __ATOMIC_RELAXED);
     round_drained(); /* (it found nothing left to write) */
+    int woken;
     Py_BEGIN_ALLOW_THREADS
-    wait_woken(s);
-    if (first)
+    woken = wait_woken(s);
+    if (first && !round_blocking()) /* (blocking: the threads wait when a ring must) */
         __atomic_store_n(&round_until, mono_ns() + ROUND_MAX_NS, __ATOMIC_RELEASE);
     Py_END_ALLOW_THREADS
-    Py_RETURN_NONE;
+    return PyBool_FromLong(woken);
 }
 
 PyDoc_STRVAR(drain_wake_doc,
@@ -422,7 +431,8 @@ round_current(void)
 }
 
 static const rh_round_api round_api = {round_take, round_open, mono_ns, round_current,
-                                       round_full, round_drained, round_wake};
+                                       round_full, round_drained, round_wake,
+                                       round_blocking};
 
 
 /* ---------------------------------------------------------------------------------------- */

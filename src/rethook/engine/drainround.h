@@ -45,6 +45,9 @@ typedef struct {
      * Under the GIL, from inside rh_ring_reserve(), once per ring until its next consuming
      * read: runs no Python code. */
     void (*wake)(void);
+    /* Whether a drain runs with blocking on: the program's threads wait for it past three
+     * quarters of a ring, so it need not keep up by other means (rounds, the GIL held). */
+    int (*blocking)(void);
 } rh_round_api;
 
 /* For the other extensions: _ccore's struct, or NULL while _ccore is not loaded (the pure
