@@ -127,7 +127,9 @@ def test_other_threads_run_while_a_large_call_encodes(mode, gil_mode):
 
 def test_the_policy(gil_mode):
     """The GIL goes for 4096 records or more from a ring at most half full, while no drain
-    round is open (several threads write: the round is the drain's)."""
+    round is open (several threads write: the round is the drain's). With blocking on (the
+    program's threads wait for the drain at three quarters full) there are no rounds, and a
+    ring more than half full is encoded without the GIL too."""
     gil_mode(POLICY)
     w = fd.new_writer()
 
@@ -138,16 +140,25 @@ def test_the_policy(gil_mode):
         fused(w, ring)
         return releases() - before == 1
 
+    ccore = pytest.importorskip("rethook.engine._ccore", reason="the C core is not built")
+    ccore.drain_end()  # no drain runs: blocking off
     assert released(10_000, 4096)
     assert not released(10_000, 4094)  # too few to be worth a handoff
     assert not released(8000, 4096 + 2)  # more than half full: the drain is behind
-    ccore = pytest.importorskip("rethook.engine._ccore", reason="the C core is not built")
     ccore.drain_wait(0, True)  # a round: the drain has the GIL first
     try:
         assert not released(10_000, 4096)
     finally:
         ccore.drain_end()
     assert released(10_000, 4096)
+    ccore.drain_blocking(1.0)  # a drain runs with blocking on
+    try:
+        assert released(8000, 4096 + 2)
+        ccore.drain_wait(0, True)  # opens no round
+        assert released(10_000, 4096)
+        assert not released(10_000, 4094)
+    finally:
+        ccore.drain_end()
 
 
 # -- the fused drain's tests, every call releasing the GIL -------------------------------------
