@@ -876,6 +876,21 @@ def test_a_ring_a_quarter_full_wakes_the_drain():
     ring.consume()
 
 
+@pytest.mark.parametrize("bad", [-1, -0.001, float("nan"), float("inf"), 4e9])
+def test_drain_blocking_refuses_what_the_clock_cannot_hold(bad):
+    """How long the program may wait is the command line's to bound (--blocking-timeout,
+    rethook/limits.py); the C core refuses only what is no number of seconds its clock
+    holds."""
+    if not select.c_core_available():
+        pytest.skip("the C core is not built")
+    from rethook.engine import _ccore
+
+    with pytest.raises(ValueError, match="drain_blocking"):
+        _ccore.drain_blocking(bad)
+    _ccore.drain_blocking(3 * 3600)  # longer than the command line allows: not the API's to say
+    _ccore.drain_end()
+
+
 def test_a_stop_for_exit_delivers_the_open_calls_and_leaves_the_events():
     """Engine.for_exit (the command line's run is over): the last user's unregister stops
     the engine at once, delivering the calls still open (FLAG_UNFINISHED) and leaving the
