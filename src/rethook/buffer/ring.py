@@ -134,7 +134,8 @@ NATIVE_PIPE_POLL_SECONDS = 0.001
 #: signals between rounds.
 NATIVE_DRAIN_WAIT_SECONDS = 0.05
 #: How recent a thread's native records must be for it to count as writing: with two or more
-#: such threads the drain's rounds come first (TracePipe.read_or_feed, engine/_ccore.c)
+#: such threads and blocking off, the drain's rounds come first (TracePipe.read_or_feed,
+#: engine/_ccore.c)
 WRITERS_SECONDS = 0.1
 
 # Where appends go while tracing is off: a deque that keeps nothing, so a cached append

@@ -121,7 +121,8 @@ static PyObject *discover_hook, *known_ids, *disabled_ids, *monitoring_disable;
  * interval (5 ms), and with several program threads waiting the drain wins one handoff in
  * several: 30 to 130 ms were measured between its rounds with 4 threads, and rounds that lost
  * the GIL midway took 10 to 70 ms, while each thread's ring filled past its size. So when
- * two or more threads write records, a drain round has the GIL first: drain_wait() sleeps,
+ * two or more threads write records and blocking is off (below: with it, a thread waits for
+ * the drain when its ring must), a drain round has the GIL first: drain_wait() sleeps,
  * then opens a round (until drain_end(), the next drain_wait(), or ROUND_MAX_NS at most) and
  * takes the GIL back. (With one thread the drain waits one switch interval at most, which the
  * ring absorbs; rounds that came first would only be smaller and more: sqlglot's whole run
