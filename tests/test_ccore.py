@@ -29,6 +29,8 @@ import time
 import tracemalloc
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from programs import calls, gens
 from recorder import Recorder
@@ -874,6 +876,51 @@ def test_a_ring_a_quarter_full_wakes_the_drain():
     waiter.join(JOIN_SECONDS)
     assert woken == [True, True]
     ring.consume()
+
+
+_RING_OPS = st.lists(st.one_of(
+    st.tuples(st.just("write"), st.integers(1, 40)),
+    st.tuples(st.just("consume"), st.just(0)),
+    st.tuples(st.just("clear"), st.just(0)),
+    st.tuples(st.just("resize"), st.integers(1, 40)),
+    st.tuples(st.just("wait"), st.just(0)),
+), max_size=40)
+
+
+@settings(max_examples=150, deadline=None)
+@given(capacity=st.integers(1, 40), ops=_RING_OPS)
+def test_the_wake_mark_against_a_model(capacity, ops):
+    """Whatever a ring goes through (writes past its size, consuming reads, clear, resize),
+    a record written into a ring holding a quarter of its capacity or more, and less than
+    three quarters, wakes the drain once, and again only after a consuming read, a clear or
+    a resize (cring.h's marks; the drain's wait says whether it was woken)."""
+    if not select.c_core_available():
+        pytest.skip("the C core is not built")
+    from rethook.engine import _ccore
+
+    cring = pytest.importorskip("rethook.buffer._cring")
+    code = calls.leaf.__code__
+    ring = cring.Ring(capacity, 1)
+    _ccore.drain_wait(0, False)  # (forget a wake another test left)
+    held, armed, woken = 0, True, False  # unconsumed records; the wake mark not yet passed
+    for op, n in ops:
+        if op == "write":
+            for _ in range(n):
+                wake, high = capacity // 4, capacity - capacity // 4
+                if armed and wake <= held < high:
+                    woken, armed = True, False
+                assert ring.write(2, 1, code, None, 0, 0, 0, 0, 0)
+                held = min(held + 1, capacity)  # (a full ring drops its oldest)
+        elif op in ("consume", "clear"):
+            getattr(ring, op)()
+            held, armed = 0, True
+        elif op == "resize":
+            ring.resize(n)
+            capacity, held, armed = n, min(held, n), True
+        else:
+            assert _ccore.drain_wait(0, False) is woken
+            woken = False
+    assert _ccore.drain_wait(0, False) is woken
 
 
 @pytest.mark.parametrize("bad", [-1, -0.001, float("nan"), float("inf"), 4e9])
