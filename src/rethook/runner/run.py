@@ -87,7 +87,8 @@ class Session:
         with notrace():
             for obs in self.observers:
                 obs.stop(fs)
-        fs.ctx.engine.for_exit()  # the process ends: no function needs un-hooking one by one
+        if why != "exec":  # (an exec that fails goes on running the program)
+            fs.ctx.engine.for_exit()  # the process ends: no function needs un-hooking
         fs.close()
         fs.write("tracing_on", "0")
         with notrace():
