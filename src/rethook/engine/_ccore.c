@@ -186,24 +186,23 @@ static int blocking_stalled;  /* __atomic: the last wait timed out; none until p
 
 #define BLOCKING_STEP_NS 50000 /* how often a waiting thread looks at the flag */
 
-static void
-round_full(void)
-{
-    if (__atomic_load_n(&full_at, __ATOMIC_RELAXED) != 0 ||
-        !__atomic_load_n(&drain_running, __ATOMIC_RELAXED) ||
-        __atomic_load_n(&blocking_ns, __ATOMIC_RELAXED) == 0 ||
-        __atomic_load_n(&blocking_stalled, __ATOMIC_RELAXED))
-        return;
-    int64_t none = 0;
-    __atomic_compare_exchange_n(&full_at, &none, mono_ns(), 0, __ATOMIC_RELEASE,
-                                __ATOMIC_RELAXED);
-}
-
+/* Whether a drain runs with blocking on. */
 static int
 round_blocking(void)
 {
     return __atomic_load_n(&drain_running, __ATOMIC_RELAXED) &&
            __atomic_load_n(&blocking_ns, __ATOMIC_RELAXED) != 0;
+}
+
+static void
+round_full(void)
+{
+    if (__atomic_load_n(&full_at, __ATOMIC_RELAXED) != 0 || !round_blocking() ||
+        __atomic_load_n(&blocking_stalled, __ATOMIC_RELAXED))
+        return;
+    int64_t none = 0;
+    __atomic_compare_exchange_n(&full_at, &none, mono_ns(), 0, __ATOMIC_RELEASE,
+                                __ATOMIC_RELAXED);
 }
 
 static void
@@ -279,9 +278,9 @@ round_wake(void)
 static int
 wait_woken(double s)
 {
-    struct timespec until;
-    clock_gettime(CLOCK_MONOTONIC, &until);
+    struct timespec until = {0, 0};
     if (s > 0) {
+        clock_gettime(CLOCK_MONOTONIC, &until);
         int64_t ns = until.tv_nsec + (int64_t)(s * 1e9);
         until.tv_sec += (time_t)(ns / 1000000000);
         until.tv_nsec = (long)(ns % 1000000000);

@@ -1022,11 +1022,11 @@ class PyCore:
         """Wait up to ``seconds`` without the GIL, then take it back, for the thread that
         writes the program's records out (the recorder's drain) between two rounds. The C
         core's wait ends as soon as a native ring is a quarter full (or :meth:`drain_wake`),
-        and a round that follows a wake or ``first`` runs ahead of the program's threads
-        (they hand the GIL over at their next callback) until :meth:`drain_end`. Nothing
-        wakes this one: it sleeps a poll's length at most, and waits its turn for the GIL
-        like any thread. Returns whether a ring or :meth:`drain_wake` ended the wait (or came
-        since the last one): here never."""
+        and with ``first`` and blocking off the round that follows runs ahead of the
+        program's threads (they hand the GIL over at their next callback) until
+        :meth:`drain_end`. Nothing wakes this one: it sleeps a poll's length at most, and
+        waits its turn for the GIL like any thread. Returns whether a ring or
+        :meth:`drain_wake` ended the wait (or came since the last one): here never."""
         time.sleep(min(seconds, DRAIN_POLL_SECONDS))
         return False
 

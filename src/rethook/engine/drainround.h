@@ -13,8 +13,9 @@
  *
  * Capsule RH_ROUND_CAPSULE, an attribute of rethook.engine._ccore (read only when that module
  * is loaded: the pure core has no rounds). Each function is a relaxed atomic access to that
- * one value (or to the blocking flag): callable with or without the GIL. Fields are only ever
- * added at the end; the capsule's context is the struct's size. */
+ * one value or to the blocking flags, but wake, which takes the drain's mutex for as long as
+ * it signals: all callable with or without the GIL. Fields are only ever added at the end;
+ * the capsule's context is the struct's size. */
 #ifndef RETHOOK_DRAINROUND_H
 #define RETHOOK_DRAINROUND_H
 
