@@ -1,6 +1,7 @@
 """The fused drain with the GIL released (``_tfenc.encode_ring``, _tfenc.c "Encoding with the
-GIL released"): a large call copies its records out of the ring with the GIL, then encodes
-them without it, so the program's threads run meanwhile.
+GIL released" and "The detached drain"): a large call takes the ring's array out with its
+records (the ring goes on in a spare one), then names and encodes them without the GIL, so
+the program's threads run meanwhile.
 
 What is held: other threads do run during such a call; it lets the GIL go once, and only when
 the policy says so; the file is the tuple path's, byte for byte, whatever is released (the
@@ -125,6 +126,50 @@ def test_other_threads_run_while_a_large_call_encodes(mode, gil_mode):
     assert len(got[2]) == 6 and table == twin
 
 
+def test_a_thread_writes_its_ring_while_the_drain_encodes_it(gil_mode):
+    """The program's thread goes on writing its ring while the drain encodes what it took:
+    into the array the ring got in place of the detached one. Every record reaches the file
+    once, in order; one refused by a full ring is counted and reported where the tuple path
+    reports it; the spare array goes and comes back between the calls, and free_scratch()
+    drops it without harm to the next call."""
+    gil_mode(RELEASE)
+    ring = cring.Ring(5000, TID)
+    ring.overwrite = False  # (a record the drain could not keep up with is refused: counted)
+    w = fd.new_writer()
+    accepted: list[int] = []
+    stop = threading.Event()
+    interval = sys.getswitchinterval()
+
+    def writer() -> None:
+        ts = 0
+        while not stop.is_set() and ts < 400_000:
+            for _ in range(50):
+                ts += 1
+                if ring.write(2, ts, CODES[ts % len(CODES)], None, 1, 0, 0, 0, 0):
+                    accepted.append(ts)
+            time.sleep(0)
+
+    sys.setswitchinterval(1e-5)  # (the two threads take turns often)
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        got = 0
+        for k in range(200):
+            got += fused(w, ring)
+            if k == 100:
+                _tfenc.free_scratch()
+    finally:
+        stop.set()
+        thread.join()
+        sys.setswitchinterval(interval)
+    got += fused(w, ring)
+    entries, total, lost, read = ring.stats()
+    assert entries == 0 and read == got == len(accepted) and total == read + lost
+    items = fd.read_back(finish(w))
+    assert [e[1] for e in items if not isinstance(e, fd.Lost)] == accepted
+    assert sum(e.count for e in items if isinstance(e, fd.Lost)) == lost
+
+
 def test_the_policy(gil_mode):
     """The GIL goes for 4096 records or more from a ring at most half full, while no drain
     round is open (several threads write: the round is the drain's). With blocking on (the
@@ -209,7 +254,7 @@ def test_batches_split_with_the_gil_released(batch, gil_mode):
 @pytest.mark.parametrize("action", ["overwrite", "clear", "resize", "consume"])
 def test_name_of_changing_the_ring_with_the_gil_released(action, gil_mode):
     gil_mode(RELEASE)
-    fd.test_name_of_changing_the_ring_meanwhile(action)
+    fd.test_name_of_changing_the_ring_meanwhile(action, detached=True)
 
 
 def test_new_strings_between_released_batches(gil_mode):

@@ -26,7 +26,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from rethook.buffer import native, tracefile
+from rethook.buffer import native, schema, tracefile
 from rethook.buffer.events import EventFormat, Lost
 from rethook.buffer.ring import TraceBuffer
 from rethook.buffer.tracefile import TraceReader, TraceWriter
@@ -122,7 +122,8 @@ RECORD = st.tuples(
     st.integers(0, 5000),  # ts step
     st.integers(0, 1 << 40),  # calltime
     st.integers(-2, 1000),  # sleep
-    st.integers(0, 7),  # flags
+    st.one_of(st.integers(0, 7), st.just(schema.CALLER_OFFSET)),  # flags (function records:
+    # with CALLER_OFFSET the depth is an offset into the parent's code, read as its line)
     st.integers(0, 2),  # overrun
 )
 
@@ -425,7 +426,12 @@ def test_name_of_writing_the_ring_meanwhile():
 
 
 @pytest.mark.parametrize("action", ["overwrite", "clear", "resize", "consume"])
-def test_name_of_changing_the_ring_meanwhile(action):
+def test_name_of_changing_the_ring_meanwhile(action, detached=False):
+    """name_of runs Python code, which may write, clear, resize or consume the ring. Read in
+    place, the records are named before they are taken: the call names what the ring holds
+    once nothing runs any more. Detached (a call that lets the GIL go, test_drain_gil.py),
+    the records are taken first: what name_of does changes the ring they left, and what it
+    writes is the next call's."""
     ring = cring.Ring(8, TID)
     state = {"done": False}
 
@@ -447,14 +453,21 @@ def test_name_of_changing_the_ring_meanwhile(action):
     write_records((ring,), [(2, 0, None, 0, 1, 0, 0, 0, 0)] * 6)
     w = new_writer()
     written = fused(w, ring, name_of)
+    if detached:
+        written += fused(w, ring, name_of)
     entries, total, lost, read = ring.stats()
     assert entries == 0 and total == read + lost
     events = read_back(finish(w))
     got = [e for e in events if not isinstance(e, Lost)]
     assert len(got) == written
     assert [e[1] for e in got] == sorted(e[1] for e in got)
-    expected = {"overwrite": [5, 6, 100, 101, 102, 103, 104, 105], "clear": [200],
-                "resize": [4, 5, 6], "consume": []}[action]
+    if detached:
+        expected = [1, 2, 3, 4, 5, 6] + {"overwrite": [100, 101, 102, 103, 104, 105],
+                                         "clear": [200], "resize": [], "consume": []}[action]
+        assert lost == 0
+    else:
+        expected = {"overwrite": [5, 6, 100, 101, 102, 103, 104, 105], "clear": [200],
+                    "resize": [4, 5, 6], "consume": []}[action]
     assert [e[1] for e in got] == expected
     if action in ("overwrite", "resize"):
         assert sum(e.count for e in events if isinstance(e, Lost)) == lost

@@ -6,9 +6,9 @@
  * rh_ring_reserve() of cring.h and find the type through the capsule _C_API; Python writes
  * through Ring.write(). rethook.buffer.ring attaches one ring to each thread's ThreadBuffer
  * and turns the raw records read here into the event tuples its readers merge (native.py).
- * The capsule also exports Ring.consume() in pieces (take, take_in_place, untake, release,
- * events: cring.h), for the trace file writer, which encodes records without event tuples
- * (_tfenc.c's encode_ring).
+ * The capsule also exports Ring.consume() in pieces (take, take_in_place, detach, untake,
+ * release, events: cring.h), for the trace file writer, which encodes records without event
+ * tuples (_tfenc.c's encode_ring).
  *
  * Everything runs under the GIL and nothing here takes a lock. What a method reads or changes
  * in the ring it does in one step that cannot run Python code (no object allocation, no
@@ -20,7 +20,9 @@
  * every other slot is empty (rh_ring_reserve takes out what the slot it overwrites held,
  * released by rh_ring_done; consume, clear and resize move or release what leaves the
  * readable range). The one exception is the capsule's take_in_place(): its caller owns the
- * references left in the slots it took and empties them before any Python code runs.
+ * references left in the slots it took and empties them before any Python code runs. (An
+ * array the capsule's detach() took out of its ring is no ring's: its taker empties it
+ * before giving it back.)
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -584,6 +586,74 @@ taken_release(rh_taken *t)
     }
 }
 
+/* The spare array: one array of records, all slots empty, that detach() puts in a ring in
+ * place of the array it takes out. The drain empties each ring it reads this way, one after
+ * another, and gives each array back (give_back()) to be the next one's replacement: one
+ * array for all the rings, not one per ring. */
+static rh_rec *spare;
+static uint64_t spare_capacity;
+
+/* the capsule's: the accounting, and the ring's array taken with the records (cring.h) */
+static int
+ring_detach(rh_ring *r, rh_taken *t, rh_rec **array)
+{
+    rh_rec *fresh = NULL;
+    if (spare != NULL && spare_capacity == r->capacity) {
+        fresh = spare;
+        spare = NULL;
+    }
+    else if ((fresh = recs_alloc(r->capacity)) == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    *array = r->recs;
+    r->recs = fresh; /* (wpos stays: a slot is a sequence number modulo the capacity) */
+    t->recs = NULL;
+    t->owned = 0;
+    took(r, t, r->head - r->floor);
+    return 0;
+}
+
+/* the capsule's: an array detach() gave, emptied, kept as the spare or freed */
+static void
+ring_give_back(rh_rec *array, uint64_t capacity)
+{
+    if (spare == NULL) {
+        spare = array;
+        spare_capacity = capacity;
+    }
+    else {
+        recs_free(array, capacity);
+    }
+}
+
+/* the capsule's: the spare made ready for rings of this capacity (cring.h) */
+static rh_rec *
+ring_reserve_spare(uint64_t capacity)
+{
+    if (spare != NULL && spare_capacity != capacity) {
+        recs_free(spare, spare_capacity);
+        spare = NULL;
+    }
+    if (spare == NULL) {
+        if ((spare = recs_alloc(capacity)) == NULL) {
+            PyErr_NoMemory();
+            return NULL;
+        }
+        spare_capacity = capacity;
+    }
+    return spare;
+}
+
+/* the capsule's: the spare freed */
+static void
+ring_free_spare(void)
+{
+    rh_rec *a = spare;
+    spare = NULL;
+    recs_free(a, spare_capacity);
+}
+
 static PyObject *
 ring_consume(rh_ring *r, PyObject *args)
 {
@@ -777,8 +847,10 @@ static PyTypeObject Ring_Type = {
 /* ---------------------------------------------------------------------------------------- */
 /* module                                                                                    */
 
-static rh_cring_api cring_api = {&Ring_Type, ring_take_into, ring_take_in_place, ring_untake,
-                                  taken_release, event_list};
+static rh_cring_api cring_api = {&Ring_Type,      ring_take_into, ring_take_in_place,
+                                  ring_untake,     taken_release,  event_list,
+                                  ring_detach,     ring_give_back, ring_free_spare,
+                                  ring_reserve_spare};
 
 static struct PyModuleDef moduledef = {
     PyModuleDef_HEAD_INIT,

@@ -31,14 +31,14 @@
  *
  * encode_ring() is the fused drain (TraceWriter.write_native): a native ring's records
  * (cring.h) consumed and encoded into event chunks with no event tuple in between, the bytes
- * the tuple path writes (Ring.consume(tid, name_of), then write_events). It names the records
- * first (name_of is Python code, which may write the ring: it runs while the records are
- * still the ring's), then takes them with Ring.consume()'s accounting but leaves them in
- * their slots. A call of many records then copies them out of the ring into rows of its own
- * and encodes those with the GIL released (the program runs meanwhile); the others read them
- * in their slots. Either way the batches go through the same column arrays and write_ints()
- * as encode_group(), and no Python code runs until every record's references are out of the
- * ring. See the sections "The fused drain" and "Encoding with the GIL released" below. Its
+ * the tuple path writes (Ring.consume(tid, name_of), then write_events). A call of many
+ * records takes the ring's whole array out of it (the ring goes on in a spare one) and names,
+ * encodes and releases the records with the GIL released, the program running meanwhile; a
+ * small call names the records first (name_of is Python code, which may write the ring: it
+ * runs while the records are still the ring's), then takes them with Ring.consume()'s
+ * accounting and reads them in their slots with the GIL held. Either way the batches go
+ * through the same column arrays and write_ints() as encode_group(). See the sections "The
+ * fused drain", "Encoding with the GIL released" and "The detached drain" below. Its
  * names table may be kept from one call to the next (a NameCache, the writer's): a code's
  * name is fixed for a recording, so name_of then runs once per code rather than once per
  * code per drain round.
@@ -804,7 +804,8 @@ done:
  * the records are then decoded into event tuples (the capsule's events(), what
  * Ring.consume() does) and handed back for write_events().
  *
- * The steps, and why in this order:
+ * A call that lets the GIL go (releases_gil()) detaches the ring's array: see "The detached
+ * drain". The others, with the GIL held throughout, in these steps, and why in this order:
  *   1. name_records(): every readable record is named, in ring order, name_of called once per
  *      distinct code (held by the table from then on; one a NameCache names already is not
  *      named again, see NameCache). name_of runs Python code, during which
@@ -813,25 +814,15 @@ done:
  *      code run since. It notes each record's type and names (slots of the table) by ring
  *      position.
  *   2. take_in_place(): Ring.consume()'s accounting, the records left in their slots.
- *   3. A call that lets the GIL go (releases_gil()): copy_rows() copies each record into a
- *      row of the call's own, its references with it (out of the ring, not released yet:
- *      the names table holds every code). This is the only pass over the ring, and the only
- *      per-record work that holds the GIL: the program writes its ring, and releases what
- *      overwritten slots held, whenever it has the GIL. Then encode_released(): with the
- *      GIL released, the references counted by code and encode_batch() per batch
- *      (write_events' slices) from the rows alone -- the columns built, names turned into
- *      string table indices, the columns encoded, the payload's CRC computed, into one
- *      output area; with the GIL back, the references dropped, code by code
- *      (drop_counted()). A batch naming a string the table lacks is left for step 4.
- *   3'. A call that keeps the GIL: encode_batch() per batch reads the records in their
- *      slots, their references taken out as they are read (released at once: no release
+ *   3. encode_batch() per batch (write_events' slices) reads the records in their slots --
+ *      the columns built, names turned into string table indices (strings the table lacks
+ *      added as _encode_strings adds them, batch after batch, so the table's order is the
+ *      tuple path's), the columns encoded, the payload's CRC computed, into one output
+ *      area -- their references taken out as they are read (released at once: no release
  *      frees anything here). Nothing here may run Python code: a writer would release the
  *      references still in the slots.
- *   4. with the GIL: the batches left (strings added to the table as _encode_strings adds
- *      them, batch after batch, so the table's order is the tuple path's), the result built,
- *      the names released (codes freed now run their weakref callbacks) or kept in the
- *      NameCache for the next call.
- * When the GIL is let go, and why only then: see "Encoding with the GIL released". */
+ *   4. the result built, the names released (codes freed now run their weakref callbacks)
+ *      or kept in the NameCache for the next call. */
 
 /* The fused drain's passes are functions of their own in a profile (each runs once a call) */
 #if defined(__GNUC__)
@@ -1380,8 +1371,8 @@ static PyType_Spec cache_spec = {
     .slots = cache_slots,
 };
 
-/* Scratch memory kept between calls (the module's state): the records' rows, the column
- * values, the payloads being written and the references being dropped, sized for the largest
+/* Scratch memory kept between calls (the module's state): the records' types and names by
+ * ring position, the column values, the payloads being written and the references being dropped, sized for the largest
  * call so far. Fresh memory for each call would be paged in by each call: at the ~1 us a 4 KB
  * page costs here, about what encoding the records it holds costs. Allocated with
  * PyMem_Raw*: the output area grows while the GIL is released (encode_batch()). */
@@ -1391,11 +1382,13 @@ typedef struct {
 } Area;
 
 typedef struct {
-    Area types, named, rows, vals, out, drop, refs;
+    Area types, named, vals, out, drop, refs;
     int busy;          /* a call is using it (name_of, Python code, could make another) */
     unsigned busy_gen; /* fork_gen when busy was set (see scratch_in_use()) */
     int free_pending;  /* free_scratch() was called meanwhile: done when that call ends */
     int unpaged;       /* reserve() made the areas: the next call pages them in */
+    void *spare;       /* and the rings' spare array it had made (reserve()), or NULL */
+    size_t spare_bytes;
 } Scratch;
 
 /* The module's state */
@@ -1458,7 +1451,6 @@ scratch_free(Scratch *sc)
 {
     area_free(sc, &sc->types);
     area_free(sc, &sc->named);
-    area_free(sc, &sc->rows);
     area_free(sc, &sc->vals);
     area_free(sc, &sc->out);
     area_free(sc, &sc->drop);
@@ -1489,9 +1481,22 @@ static void
 page_areas(void *arg)
 {
     Scratch *sc = arg;
-    const Area *areas[] = {&sc->types, &sc->named, &sc->rows, &sc->vals, &sc->out};
+    const Area *areas[] = {&sc->types, &sc->named, &sc->vals, &sc->out};
     for (size_t i = 0; i < sizeof(areas) / sizeof(areas[0]); i++)
         page_in(areas[i]->p, areas[i]->bytes);
+#ifdef MADV_POPULATE_WRITE
+    /* The spare too: the ring it goes into is written by the program's thread, which would
+     * otherwise fault its pages in (fresh memory costs ~2 us a page on this VM). Only with
+     * MADV_POPULATE_WRITE, which leaves what is there alone: a ring may hold it already. */
+    if (sc->spare != NULL) {
+        long ps = sysconf(_SC_PAGESIZE);
+        uintptr_t page = ps > 0 ? (uintptr_t)ps : 4096;
+        uintptr_t a = (uintptr_t)sc->spare & ~(page - 1);
+        (void)madvise((void *)a, (uintptr_t)sc->spare + sc->spare_bytes - a,
+                      MADV_POPULATE_WRITE);
+    }
+#endif
+    sc->spare = NULL;
 }
 
 /* A record's names: the slots of its code and of a function record's parent (0, "", for the
@@ -1500,8 +1505,7 @@ typedef struct {
     int32_t slot, pslot;
 } Named;
 
-/* A record as the columns take it: read in its ring slot (with the GIL), or copied out of the
- * ring into the call's rows (copy_rows()), which encode_batch() reads without the GIL */
+/* A record as the columns take it (row_of()), in its ring slot or a detached array */
 typedef struct {
     int64_t ts, calltime, sleep;
     int32_t type;
@@ -1540,7 +1544,8 @@ typedef struct {
     Scratch *sc;
     uint8_t *types;        /* by ring position (the capacity's worth): name_records() */
     Named *named;          /* the same */
-    Row *rows;             /* by the records' order (copy_rows()), or NULL: read in the ring */
+    rh_rec *detached;      /* the array detached from the ring (encode_detached()), or NULL:
+                            * the records are read in the ring */
     uint64_t cap;          /* the ring's capacity */
     uint64_t pos0;         /* the position of the first record taken */
     Names *names;          /* the call's own, or its NameCache's */
@@ -1554,7 +1559,7 @@ typedef struct {
     PyObject **drop;       /* references to release once the ring is left (2 per record) */
     Py_ssize_t ndrop;
     Py_ssize_t moved;      /* records taken whose references are out of the ring */
-    uint64_t *refs;        /* with rows: the references the rows hold, by slot (count_refs()) */
+    uint64_t *refs;        /* detached: the references the records hold, by slot */
 } Fused;
 
 /* Name every readable record of the ring (its code, and a function record's parent), in
@@ -1654,7 +1659,7 @@ take_refs(Fused *f, uint64_t pos)
     drop_ref(f, parent);
 }
 
-/* Without rows: the references of the records [f->moved, upto) out of the ring, dropped.
+/* The references of the records [f->moved, upto) out of the ring, dropped.
  * Runs no Python code. */
 static void
 move_refs(Fused *f, Py_ssize_t upto)
@@ -1666,42 +1671,7 @@ move_refs(Fused *f, Py_ssize_t upto)
     f->moved = upto;
 }
 
-/* The records taken (n of them) out of the ring into the rows, the one pass over the ring
- * that must hold the GIL. Their references move with them: the call owns them, counted by
- * slot without the GIL (count_refs()) and dropped by code with it (drop_counted()); no
- * reference count is touched here. Runs no Python code; once it returns, Python code may
- * run (the records are neither readable in the ring nor holding anything in its slots). */
-static PASS void
-copy_rows(Fused *f, Py_ssize_t n)
-{
-    rh_rec *recs = f->ring->recs;
-    Row *rows = f->rows;
-    const uint64_t cap = f->cap;
-    uint64_t pos = f->pos0;
-    for (Py_ssize_t i = 0; i < n; i++, pos = pos + 1 == cap ? 0 : pos + 1) {
-        rows[i] = row_of(&recs[pos], f->named[pos]);
-        if (recs[pos].parent != NULL && recs[pos].type != RH_FUNCTION)
-            drop_ref(f, recs[pos].parent); /* (not named: the columns have no parent) */
-        recs[pos].code = recs[pos].parent = NULL;
-    }
-    f->moved = n;
-}
-
-/* The references the rows hold, by slot: each row's code's, and its parent's (slot 0 and
- * "?" for none: no code). Without the GIL. */
-static PASS void
-count_refs(Fused *f, Py_ssize_t n)
-{
-    uint64_t *refs = f->refs;
-    const Row *rows = f->rows;
-    memset(refs, 0, (size_t)f->names->nslots * sizeof(uint64_t));
-    for (Py_ssize_t i = 0; i < n; i++) {
-        refs[rows[i].names.slot]++;
-        refs[rows[i].names.pslot]++;
-    }
-}
-
-/* Drop the references count_refs() counted, code by code: as many Py_DECREF()s, which free
+/* Drop the references count_detached() counted, code by code: as many Py_DECREF()s, which free
  * nothing (the names table holds each code). Holds the GIL; runs no Python code. */
 static PASS void
 drop_counted(Fused *f)
@@ -1800,10 +1770,10 @@ put_row(Columns *cs, const Row r, Py_ssize_t i)
 }
 
 /* Encode the batch e of the records taken into its EVTS payload, at the end of the output
- * area. Its records are read from the rows (copy_rows()), or without rows in the ring, their
- * references taken out as they are read. With `held` (the GIL held) strings the table lacks
- * are added to it: 0 done, -1 error. Without, it reads the rows and the names table, nothing
- * else (no other call uses the table, see encode_released()), and leaves a batch naming a
+ * area. Its records are read in the detached array, or in the ring, their references taken
+ * out as they are read. With `held` (the GIL held) strings the table lacks
+ * are added to it: 0 done, -1 error. Without, it reads the records and the names table, nothing
+ * else (no other call uses the table, see run_released()), and leaves a batch naming a
  * string the table lacks, or that has no room, to a call with the GIL: 0 done, 1 left. */
 static PASS int
 encode_batch(Fused *f, Encoded *e, int held)
@@ -1811,7 +1781,6 @@ encode_batch(Fused *f, Encoded *e, int held)
     const Py_ssize_t lo = e->lo, hi = e->hi, n = hi - lo;
     Py_ssize_t i, *count = e->count;
     int *order = e->order, k = 0, width[RING_TYPES] = {0};
-    const Row *rows = f->rows;
     const Named *named = f->named;
     const uint64_t cap = f->cap, pos_lo = (f->pos0 + (uint64_t)lo) % cap;
     uint64_t pos;
@@ -1840,11 +1809,12 @@ encode_batch(Fused *f, Encoded *e, int held)
     uint64_t *ord = cs.ord = next;
 
     /* The hot loop: one pass over the records, each value into its group's column
-     * (put_row()); from the rows it reads the rows and the slots' indices, nothing else, in
-     * the ring it takes the references out too */
-    if (rows != NULL) {
-        for (i = lo; i < hi; i++)
-            put_row(&cs, rows[i], i - lo);
+     * (put_row()); from a detached array it reads the records and the slots' indices,
+     * nothing else, in the ring it takes the references out too */
+    if (f->detached != NULL) { /* (the references stay: count_detached() takes them) */
+        const rh_rec *recs = f->detached;
+        for (i = lo, pos = pos_lo; i < hi; i++, pos = pos + 1 == cap ? 0 : pos + 1)
+            put_row(&cs, row_of(&recs[pos], named[pos]), i - lo);
     }
     else {
         rh_rec *ring = f->ring->recs;
@@ -1943,14 +1913,16 @@ encode_batch(Fused *f, Encoded *e, int held)
 /* ---------------------------------------------------------------------------------------- */
 /* Encoding with the GIL released                                                           */
 
-/* A large call encodes its rows with the GIL released, so the program runs while the drain
- * encodes, on the other CPU: encoding is ~30 ns a record, which a call storm's program spent
- * waiting for the drain when the drain held the GIL throughout (raytrace: ~0.2 s of 1 s).
+/* A large call encodes its records with the GIL released, so the program runs while the
+ * drain encodes, on the other CPU: encoding is ~30 ns a record, which a call storm's program
+ * spent waiting for the drain when the drain held the GIL throughout (raytrace: ~0.2 s of
+ * 1 s). How it takes them without the GIL: "The detached drain" below.
  *
  * Each time the drain lets the GIL go it must get it back, and a CPU-bound program thread
  * keeps it a switch interval (5 ms) once asked, while its ring fills. So:
- *   - one release per call, for all its batches; none for small calls (fewer than
- *     NOGIL_MIN_RECORDS records: the handoff would cost more than the encoding);
+ *   - one release per call, for all its batches (two when it meets codes never named:
+ *     naming is Python code); none for small calls (fewer than NOGIL_MIN_RECORDS records:
+ *     the handoff would cost more than the encoding);
  *   - none when the ring was more than half full and blocking is off: the drain is
  *     falling behind (another process holds the second CPU), and encoding with the GIL held
  *     is what slows the program down to the drain's pace, as before (with blocking on, the
@@ -1969,14 +1941,14 @@ encode_batch(Fused *f, Encoded *e, int held)
  * While it is released another thread may call into this module: encode_ring() finds the
  * scratch memory and the NameCache in use (busy) and takes its own; free_scratch() and
  * NameCache.clear() are done when the call ends; NameCache.forget_strings() once the GIL is
- * back (before the batches left for it). The rows are the call's own copy, the names table
- * only read. A TraceWriter is not for two threads at once, as before. */
+ * back (before the batches left for it). The records are the call's own (a detached array),
+ * the names table only read. A TraceWriter is not for two threads at once, as before. */
 #define NOGIL_MIN_RECORDS 4096
 #define GIL_BACK_NS 10000000 /* the round opened to get the GIL back ends by then at most */
 
 enum { GIL_HOLD, GIL_POLICY, GIL_RELEASE };
 static int gil_mode = GIL_POLICY; /* _nogil(), for tests and measurements */
-static uint64_t gil_releases;     /* calls that released the GIL to encode */
+static uint64_t gil_releases;     /* calls that released the GIL to encode (once or twice) */
 
 /* Whether a call that takes n records of a ring of cap lets the GIL go (see above). */
 static int
@@ -2006,33 +1978,14 @@ without_gil(const rh_round_api *round, void (*fn)(void *), void *arg)
         round->open(caller_round);
 }
 
-typedef struct {
-    Fused *f;
-    Encoded *enc;
-    Py_ssize_t nenc;
-} Released;
-
-/* (without the GIL) */
+/* fn(arg) with the GIL released, the call's NameCache (if any) marked as read meanwhile. */
 static void
-encode_rows(void *arg)
-{
-    Released *r = arg;
-    count_refs(r->f, r->f->moved);
-    for (Py_ssize_t b = 0; b < r->nenc; b++)
-        encode_batch(r->f, &r->enc[b], 0);
-}
-
-/* encode_batch() for every batch, from the rows, with the GIL released; the batches it
- * leaves (done == 0) are the caller's, with the GIL. */
-static void
-encode_released(Fused *f, Encoded *enc, Py_ssize_t nenc, const rh_round_api *round)
+run_released(Fused *f, const rh_round_api *round, void (*fn)(void *), void *arg)
 {
     NameCache *c = f->cache;
     if (c != NULL)
         c->released = 1;
-    Released r = {f, enc, nenc};
-    gil_releases++;
-    without_gil(round, encode_rows, &r);
+    without_gil(round, fn, arg);
     if (c != NULL) {
         c->released = 0;
         if (c->forget_set) {
@@ -2215,6 +2168,407 @@ scratch_done(Scratch *sc, Scratch *local)
     scratch_free(local);
 }
 
+/* The batches of n records (encode_ring()'s enc, room for n / batch + 2): write_events()
+ * slices its items, and a Lost before the records takes the first slice's first place.
+ * Their number. */
+static Py_ssize_t
+split_batches(Encoded *enc, Py_ssize_t n, Py_ssize_t batch, uint64_t lost_before)
+{
+    Py_ssize_t nenc = 0, size = lost_before ? batch - 1 : batch;
+    for (Py_ssize_t lo = 0; lo < n; lo += size, size = batch) {
+        if (size > 0) {
+            enc[nenc].lo = lo;
+            enc[nenc++].hi = n - lo < size ? n : lo + size;
+        }
+    }
+    return nenc;
+}
+
+/* The end of an encode_ring() call whose records are all out of the ring (no reference of
+ * theirs left in a slot): its result built (or, on an error, the records counted lost as
+ * Ring.consume() counts them, the strings it added forgotten: no chunk will define them),
+ * enc freed, the references kept for now dropped, the names and scratch memory let go. */
+static PyObject *
+call_result(Fused *f, const rh_cring_api *api, rh_taken *t, Encoded *enc, Py_ssize_t nenc,
+            Py_ssize_t strings_start, uint64_t table_start, Scratch *local)
+{
+    PyObject *batches = NULL, *result = NULL;
+    if (!PyErr_Occurred() && (batches = batch_list(f->sc->out.p, enc, nenc)) != NULL)
+        result = Py_BuildValue("(KKOO)", (unsigned long long)t->lost_before,
+                               (unsigned long long)t->lost_after, batches, Py_None);
+    if (result == NULL) {
+        api->untake(f->ring, t);
+        PyObject *exc = PyErr_GetRaisedException();
+        if (forget_strings(f->strings, f->new_strings, strings_start) < 0)
+            PyErr_Clear();
+        names_forget(f->names, table_start); /* a NameCache's indices of them too */
+        PyErr_SetRaisedException(exc);
+    }
+    Py_XDECREF(batches);
+    PyMem_Free(enc);
+    /* the references that could not be dropped in the ring (their objects' last ones),
+     * and the names' (unless a NameCache keeps them) */
+    PyObject *exc = PyErr_GetRaisedException();
+    for (Py_ssize_t i = 0; i < f->ndrop; i++)
+        Py_DECREF(f->drop[i]); /* may run Python code (weakref callbacks) */
+    names_release(f);
+    scratch_done(f->sc, local);
+    PyErr_SetRaisedException(exc);
+    return result;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* The detached drain: a ring's array taken out whole                                        */
+
+/* A call that lets the GIL go takes the ring's array out with its records (the capsule's
+ * detach(): the ring goes on in the spare array). The records are then the call's alone, so
+ * it names them, encodes them and counts their references with the GIL released, and the
+ * program's threads wait for the drain only while it detaches the array (a few stores) and
+ * builds the result. Per record nothing is done with the GIL held but what needs Python:
+ *   1. without the GIL, name_detached(): each record's names found in the names table, up
+ *      to the first it cannot name so (a code never named, a caller's offset to turn into a
+ *      line); then, if it named them all, the batches encoded (encode_batch(), reading the
+ *      array) and the references counted by slot, the slots emptied (count_detached());
+ *   2. otherwise, with the GIL, name_detached_held() names the rest (name_of: Python code,
+ *      which cannot reach the array), then 1's encoding and counting without the GIL;
+ *   3. with the GIL: the batches left (strings the table lacks), the references dropped by
+ *      code (drop_counted()), the array given back to be the next ring's spare.
+ * A record of an unknown type (or a name that is not a str) sends the records to the tuple
+ * path (detached_events()), as in encode_ring(). */
+
+/* The detached records from index lo on, named from the names table alone (no Python code,
+ * no dict: without the GIL), their types and slots noted by ring position, up to the first
+ * one it cannot name so: a code not named yet, or a function record whose caller's line is
+ * still an offset (turning it into a line reads the caller's code, which the program may be
+ * instrumenting). The index of that record (n: all named), or -1 at a record of an unknown
+ * type. */
+static PASS Py_ssize_t
+name_detached(Fused *f, Py_ssize_t lo, Py_ssize_t n)
+{
+    Names *nm = f->names;
+    const rh_rec *recs = f->detached;
+    const uint64_t cap = f->cap;
+    uint64_t pos = (f->pos0 + (uint64_t)lo) % cap;
+    for (Py_ssize_t i = lo; i < n; i++, pos = pos + 1 == cap ? 0 : pos + 1) {
+        const rh_rec *rec = &recs[pos];
+        const int t = rec->type;
+        if (t < RH_FUNCTION || t > RH_FUNCGRAPH_RESUME)
+            return -1;
+        int32_t cs = names_find(nm, rec->code), ps = 0;
+        if (t == RH_FUNCTION) {
+            if (rec->flags & RH_CALLER_OFFSET)
+                return i;
+            if (rec->parent != NULL)
+                ps = names_find(nm, rec->parent);
+        }
+        if (cs < 0 || ps < 0)
+            return i;
+        f->types[pos] = (uint8_t)t;
+        f->named[pos].slot = cs;
+        f->named[pos].pslot = ps;
+    }
+    return n;
+}
+
+/* A code's slot, named now if it was not (name_of: Python code), as name_records() does: the
+ * slot; -1 error; -2 decline. */
+static int32_t
+name_held(Fused *f, PyObject *code)
+{
+    int32_t s = names_lookup(f->names, f->strings, code);
+    if (s == -1)
+        s = names_add(f->names, f->name_of, f->strings, code);
+    else if (s < -1)
+        s = s == -3 ? -1 : -2;
+    return s;
+}
+
+/* The detached records from index lo on, named with the GIL held (name_of called for the
+ * codes not named yet), function records' callers' offsets turned into lines in place (what
+ * rh_caller_line() reads then). 0; 1 decline (a record of an unknown type, a name that is
+ * not a str, an odd string table); -1 error. */
+static PASS int
+name_detached_held(Fused *f, Py_ssize_t lo, Py_ssize_t n)
+{
+    rh_rec *recs = f->detached;
+    const uint64_t cap = f->cap;
+    uint64_t pos = (f->pos0 + (uint64_t)lo) % cap;
+    for (Py_ssize_t i = lo; i < n; i++, pos = pos + 1 == cap ? 0 : pos + 1) {
+        rh_rec *rec = &recs[pos];
+        const int t = rec->type;
+        if (t < RH_FUNCTION || t > RH_FUNCGRAPH_RESUME)
+            return 1;
+        if (t == RH_FUNCTION && (rec->flags & RH_CALLER_OFFSET)) {
+            rec->depth = rh_caller_line(rec);
+            rec->flags &= ~RH_CALLER_OFFSET;
+        }
+        int32_t cs = name_held(f, rec->code), ps = 0;
+        if (cs >= 0 && t == RH_FUNCTION && rec->parent != NULL)
+            ps = name_held(f, rec->parent);
+        if (cs < 0 || ps < 0)
+            return (cs < 0 ? cs : ps) == -1 ? -1 : 1;
+        f->types[pos] = (uint8_t)t;
+        f->named[pos].slot = cs;
+        f->named[pos].pslot = ps;
+    }
+    return 0;
+}
+
+/* The references the n detached records hold, counted by slot into f->refs (each code's,
+ * each function record's parent's), their slots emptied; a parent no column names (of a
+ * record that is not a function record) kept in f->drop. Runs no Python code and touches no
+ * reference count: without the GIL, or with it. */
+static PASS void
+count_detached(Fused *f, Py_ssize_t n)
+{
+    rh_rec *recs = f->detached;
+    uint64_t *refs = f->refs;
+    const Named *named = f->named;
+    const uint64_t cap = f->cap;
+    uint64_t pos = f->pos0;
+    memset(refs, 0, (size_t)f->names->nslots * sizeof(uint64_t));
+    for (Py_ssize_t i = 0; i < n; i++, pos = pos + 1 == cap ? 0 : pos + 1) {
+        rh_rec *rec = &recs[pos];
+        refs[named[pos].slot]++;
+        if (rec->type == RH_FUNCTION)
+            refs[named[pos].pslot]++;
+        else if (rec->parent != NULL)
+            f->drop[f->ndrop++] = rec->parent;
+        rec->code = rec->parent = NULL;
+    }
+}
+
+/* Release the references of the n detached records, their slots emptied (the call failed).
+ * With the GIL; may run Python code (the array is the call's: nothing else reaches it). */
+static void
+release_detached(Fused *f, Py_ssize_t n)
+{
+    const uint64_t cap = f->cap;
+    uint64_t pos = f->pos0;
+    for (Py_ssize_t i = 0; i < n; i++, pos = pos + 1 == cap ? 0 : pos + 1)
+        rh_rec_clear(&f->detached[pos]);
+}
+
+/* The names of the batches the released pass left (their strings not all in the table, or
+ * not looked up since the table changed) looked up now, as name_records() looks them up: 0;
+ * 1 decline (the table holds something else than the ints it stores); -1 error. Runs no
+ * Python code. */
+static int
+check_left(Fused *f, const Encoded *enc, Py_ssize_t nenc)
+{
+    const uint64_t cap = f->cap;
+    for (Py_ssize_t b = 0; b < nenc; b++) {
+        if (enc[b].done)
+            continue;
+        uint64_t pos = (f->pos0 + (uint64_t)enc[b].lo) % cap;
+        for (Py_ssize_t i = enc[b].lo; i < enc[b].hi; i++, pos = pos + 1 == cap ? 0 : pos + 1) {
+            int r = names_check(f->names, f->strings, f->named[pos].slot);
+            if (r == 0)
+                r = names_check(f->names, f->strings, f->named[pos].pslot);
+            if (r != 0)
+                return r == -1 ? -1 : 1;
+        }
+    }
+    return 0;
+}
+
+/* Whether the array detached now is met for the first time (then it is paged in, without
+ * the GIL: see detached_released()). The arrays met so far, by address: a ring's and the
+ * spare take turns, so a recording meets one more than it has rings. With the GIL. */
+#define PAGED_MAX 16
+static void *paged_arrays[PAGED_MAX];
+static int npaged;
+
+static int
+first_detached(void *array)
+{
+    for (int i = 0; i < npaged; i++)
+        if (paged_arrays[i] == array)
+            return 0;
+    if (npaged == PAGED_MAX)
+        return 0; /* (a recording with more threads than this: left to the writers) */
+    paged_arrays[npaged++] = array;
+    return 1;
+}
+
+/* What the call does without the GIL (steps 1 and 2 above) */
+typedef struct {
+    Fused *f;
+    Encoded *enc;
+    Py_ssize_t nenc, n;
+    Py_ssize_t named; /* records named so far (-1: one of an unknown type) */
+    int counted;      /* count_detached() done */
+    int page;         /* the array is met first: paged in (first_detached()) */
+} Detached;
+
+static void
+detached_released(void *arg)
+{
+    Detached *d = arg;
+    if (d->named < d->n) {
+        d->named = name_detached(d->f, d->named, d->n);
+        if (d->named != d->n)
+            return; /* the rest is named with the GIL (or goes to the tuple path) */
+    }
+    int left = 0;
+    for (Py_ssize_t b = 0; b < d->nenc; b++)
+        left |= encode_batch(d->f, &d->enc[b], 0);
+    if (!left) {
+        count_detached(d->f, d->n);
+        d->counted = 1;
+    }
+#ifdef MADV_POPULATE_WRITE
+    /* An array met first was written only where its ring's records were: the rest would
+     * be paged in by the program's thread when it becomes a ring's array again (fresh
+     * memory costs ~2 us a page on this VM). Paged in here, what it holds kept. */
+    if (d->page) {
+        d->page = 0;
+        long ps = sysconf(_SC_PAGESIZE);
+        uintptr_t page = ps > 0 ? (uintptr_t)ps : 4096, p = (uintptr_t)d->f->detached;
+        uintptr_t a = p & ~(page - 1), e = p + (size_t)d->f->cap * sizeof(rh_rec);
+        (void)madvise((void *)a, e - a, MADV_POPULATE_WRITE);
+    }
+#endif
+}
+
+/* The records of a detached array that need the tuple path: moved out of it into an array
+ * of their own (the detached one given back), decoded into event tuples as Ring.consume()
+ * decodes them, and the result encode_ring() gives then (see consume_events()). */
+static PyObject *
+detached_events(Fused *f, const rh_cring_api *api, rh_taken *t, PyObject *tid)
+{
+    const uint64_t n = t->n, cap = f->cap;
+    rh_rec *buf = PyMem_Malloc(n ? (size_t)n * sizeof(rh_rec) : 1);
+    if (buf == NULL) {
+        api->untake(f->ring, t);
+        release_detached(f, (Py_ssize_t)n); /* (may run Python code) */
+        api->give_back(f->detached, cap);
+        return PyErr_NoMemory();
+    }
+    uint64_t pos = f->pos0;
+    for (uint64_t i = 0; i < n; i++, pos = pos + 1 == cap ? 0 : pos + 1) {
+        buf[i] = f->detached[pos];
+        f->detached[pos].code = f->detached[pos].parent = NULL;
+    }
+    api->give_back(f->detached, cap);
+    rh_taken mine = {.recs = buf, .n = n};
+    PyObject *events = api->events(buf, n, tid, f->name_of);
+    PyObject *result = events == NULL ? NULL
+                       : Py_BuildValue("(KKON)", (unsigned long long)t->lost_before,
+                                       (unsigned long long)t->lost_after, Py_None, events);
+    if (result == NULL)
+        api->untake(f->ring, t);
+    PyObject *exc = PyErr_GetRaisedException();
+    api->release(&mine); /* may run Python code */
+    PyErr_SetRaisedException(exc);
+    PyMem_Free(buf);
+    return result;
+}
+
+/* encode_ring() for a call that lets the GIL go, its records named, encoded and counted
+ * without it (see above). f: the call's, its names ready; n: the ring's readable records
+ * now (what releases_gil() said yes to). */
+static PyObject *
+encode_detached(Fused *f, const rh_cring_api *api, const rh_round_api *round, Py_ssize_t n,
+                Py_ssize_t batch, PyObject *tid, Scratch *local)
+{
+    Scratch *sc = f->sc;
+    rh_ring *rg = f->ring;
+    const uint64_t cap = rg->capacity;
+    Py_ssize_t most = n < batch ? n : batch;
+    Encoded *enc = PyMem_Calloc((size_t)(n / batch + 2), sizeof(Encoded));
+    if (enc == NULL || area_room(sc, &sc->types, (size_t)cap) < 0 ||
+        area_room(sc, &sc->named, (size_t)cap * sizeof(Named)) < 0 ||
+        area_room(sc, &sc->vals, VALS_MAX(most) * sizeof(uint64_t)) < 0 ||
+        area_room(sc, &sc->out, OUT_MAX(most) + (size_t)n * OUT_USUAL) < 0 ||
+        area_room(sc, &sc->drop, (size_t)n * sizeof(PyObject *)) < 0 ||
+        area_room(sc, &sc->refs, (size_t)f->names->nslots * sizeof(uint64_t)) < 0) {
+        if (enc == NULL)
+            PyErr_NoMemory();
+        goto nothing_taken;
+    }
+    rh_taken t;
+    rh_rec *array;
+    if (api->detach(rg, &t, &array) < 0)
+        goto nothing_taken;
+    /* the records are the call's: Python code may run from here on */
+    f->detached = array;
+    f->cap = cap;
+    f->pos0 = t.n ? t.first % cap : 0;
+    f->types = sc->types.p;
+    f->named = sc->named.p;
+    f->vals = sc->vals.p;
+    f->drop = sc->drop.p;
+    f->refs = sc->refs.p;
+    n = (Py_ssize_t)t.n; /* (the same n: nothing ran since it was read) */
+    const Py_ssize_t strings_start = PyList_GET_SIZE(f->new_strings);
+    const uint64_t table_start = (uint64_t)PyDict_GET_SIZE(f->strings);
+    Detached d = {.f = f, .enc = enc, .nenc = split_batches(enc, n, batch, t.lost_before),
+                  .n = n, .page = first_detached(array)};
+    gil_releases++; /* (a call, however many times it lets the GIL go) */
+    run_released(f, round, detached_released, &d);
+    if (d.named >= 0 && d.named < n) {
+        int r = name_detached_held(f, d.named, n);
+        if (r == 0 && area_room(sc, &sc->refs, (size_t)f->names->nslots * sizeof(uint64_t)) < 0)
+            r = -1;
+        if (r == -1) { /* the records reach no reader: lost, as Ring.consume() counts them */
+            api->untake(rg, &t);
+            PyObject *exc = PyErr_GetRaisedException();
+            release_detached(f, n);
+            api->give_back(array, cap);
+            PyErr_SetRaisedException(exc);
+            PyMem_Free(enc);
+            goto names_done;
+        }
+        d.named = r == 0 ? n : -1;
+        if (r == 0) {
+            f->refs = sc->refs.p;
+            run_released(f, round, detached_released, &d);
+        }
+    }
+    if (d.named >= 0 && !d.counted) {
+        int r = check_left(f, enc, d.nenc);
+        if (r < 0) { /* (not reached: no dict lookup of a str key fails) */
+            api->untake(rg, &t);
+            PyObject *exc = PyErr_GetRaisedException();
+            release_detached(f, n);
+            api->give_back(array, cap);
+            PyErr_SetRaisedException(exc);
+            PyMem_Free(enc);
+            goto names_done;
+        }
+        if (r > 0)
+            d.named = -1;
+    }
+    if (d.named < 0) { /* the tuple path (no string added; the references still in place) */
+        PyMem_Free(enc);
+        PyObject *result = detached_events(f, api, &t, tid);
+        PyObject *exc = PyErr_GetRaisedException();
+        names_release(f);
+        scratch_done(sc, local);
+        PyErr_SetRaisedException(exc);
+        return result;
+    }
+    for (Py_ssize_t b = 0; b < d.nenc; b++) /* the batches left: strings to add */
+        if (!enc[b].done && encode_batch(f, &enc[b], 1) < 0)
+            break;
+    if (!d.counted)
+        count_detached(f, n);
+    drop_counted(f);
+    api->give_back(array, cap);
+    return call_result(f, api, &t, enc, d.nenc, strings_start, table_start, local);
+
+nothing_taken:
+    PyMem_Free(enc);
+names_done: {
+    PyObject *exc = PyErr_GetRaisedException();
+    names_release(f); /* may run Python code */
+    scratch_done(sc, local);
+    PyErr_SetRaisedException(exc);
+    return NULL;
+}
+}
+
 static PyObject *
 encode_ring(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -2298,8 +2652,12 @@ encode_ring(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         f.names = &own;
         r = names_init(&own, strings);
     }
-    if (r == 0)
+    if (r == 0) {
+        Py_ssize_t n = (Py_ssize_t)(rg->head - rg->floor);
+        if (n > 0 && releases_gil(n, rg->capacity, round))
+            return encode_detached(&f, api, round, n, batch, tid, &local);
         r = name_records(&f, rg);
+    }
     if (r != 0) { /* the records need the tuple path, or an error */
         PyObject *result = NULL;
         if (r > 0 || r == -2) {
@@ -2317,18 +2675,15 @@ encode_ring(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
 
     /* Every record of [floor, head) is named, nothing has run since: from here until they
-     * are all out of the ring, no Python code runs. */
+     * are all out of the ring, no Python code runs (and the GIL stays: a call that lets it
+     * go detaches the array, above). */
     uint64_t count = rg->head - rg->floor; /* <= capacity, whose array was allocated */
     Py_ssize_t n = (Py_ssize_t)count;
     Py_ssize_t most = n < batch ? n : batch;
-    /* with the GIL released (the records copied into rows first), or held (read in place) */
-    int release = releases_gil(n, rg->capacity, round);
     Encoded *enc = PyMem_Calloc((size_t)(n / batch + 2), sizeof(Encoded));
     if (enc == NULL || area_room(sc, &sc->vals, VALS_MAX(most) * sizeof(uint64_t)) < 0 ||
         area_room(sc, &sc->out, OUT_MAX(most) + (size_t)n * OUT_USUAL) < 0 ||
-        area_room(sc, &sc->drop, (size_t)n * 2 * sizeof(PyObject *)) < 0 ||
-        (release && (area_room(sc, &sc->rows, (size_t)n * sizeof(Row)) < 0 ||
-                     area_room(sc, &sc->refs, (size_t)f.names->nslots * sizeof(uint64_t)) < 0))) {
+        area_room(sc, &sc->drop, (size_t)n * 2 * sizeof(PyObject *)) < 0) {
         if (enc == NULL)
             PyErr_NoMemory();
         PyMem_Free(enc);
@@ -2339,67 +2694,22 @@ encode_ring(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     f.vals = sc->vals.p;
     f.drop = sc->drop.p;
     f.cap = rg->capacity;
-    f.rows = release ? sc->rows.p : NULL;
-    f.refs = release ? sc->refs.p : NULL;
 
-    /* Ring.consume()'s accounting, the records left in their slots; to be released, the GIL
-     * waits for them to be out of the ring, in their rows */
+    /* Ring.consume()'s accounting, the records left in their slots */
     rh_taken t;
     api->take_in_place(rg, &t);
     f.pos0 = count ? t.first % f.cap : 0;
-    if (release)
-        copy_rows(&f, n);
-    Py_ssize_t strings_start = PyList_GET_SIZE(new_strings), nenc = 0;
+    const Py_ssize_t strings_start = PyList_GET_SIZE(new_strings);
     const uint64_t table_start = (uint64_t)PyDict_GET_SIZE(strings); /* this call's first */
-    PyObject *batches = NULL, *result = NULL;
-
-    /* the batches: write_events() slices its items, and a Lost before the records takes
-     * the first slice's first place */
-    Py_ssize_t size = t.lost_before ? batch - 1 : batch;
-    for (Py_ssize_t lo = 0; lo < n; lo += size, size = batch) {
-        if (size > 0) {
-            enc[nenc].lo = lo;
-            enc[nenc++].hi = n - lo < size ? n : lo + size;
-        }
-    }
-    if (release) {
-        encode_released(&f, enc, nenc, round);
-        drop_counted(&f);
-    }
-    for (Py_ssize_t b = 0; b < nenc; b++) { /* all of them, or those it left */
-        if (!enc[b].done && encode_batch(&f, &enc[b], 1) < 0) {
-            if (!release)
-                move_refs(&f, n); /* (read in place: the references left in the ring) */
+    Py_ssize_t nenc = split_batches(enc, n, batch, t.lost_before);
+    for (Py_ssize_t b = 0; b < nenc; b++) {
+        if (encode_batch(&f, &enc[b], 1) < 0) {
+            move_refs(&f, n); /* (the references left in the ring) */
             break;
         }
     }
     /* all out of the ring: Python code may run again */
-    if (!PyErr_Occurred() && (batches = batch_list(sc->out.p, enc, nenc)) != NULL)
-        result = Py_BuildValue("(KKOO)", (unsigned long long)t.lost_before,
-                               (unsigned long long)t.lost_after, batches, Py_None);
-    if (result == NULL) {
-        /* out of memory: the records reach no reader. Count them lost as Ring.consume()
-         * does, forget the strings added (no chunk will define them) */
-        api->untake(rg, &t);
-        PyObject *exc = PyErr_GetRaisedException();
-        if (forget_strings(strings, new_strings, strings_start) < 0)
-            PyErr_Clear();
-        names_forget(f.names, table_start); /* a NameCache's indices of them too */
-        PyErr_SetRaisedException(exc);
-    }
-    Py_XDECREF(batches);
-    PyMem_Free(enc);
-    {
-        /* the references that could not be dropped in the ring (their objects' last ones),
-         * and the names' (unless a NameCache keeps them) */
-        PyObject *exc = PyErr_GetRaisedException();
-        for (Py_ssize_t i = 0; i < f.ndrop; i++)
-            Py_DECREF(f.drop[i]); /* may run Python code (weakref callbacks) */
-        names_release(&f);
-        scratch_done(sc, &local);
-        PyErr_SetRaisedException(exc);
-    }
-    return result;
+    return call_result(&f, api, &t, enc, nenc, strings_start, table_start, &local);
 }
 
 PyDoc_STRVAR(reserve_doc,
@@ -2434,11 +2744,18 @@ reserve(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t most = records < batch ? records : batch;
     if (area_room(sc, &sc->types, (size_t)records) < 0 ||
         area_room(sc, &sc->named, (size_t)records * sizeof(Named)) < 0 ||
-        area_room(sc, &sc->rows, (size_t)records * sizeof(Row)) < 0 ||
         area_room(sc, &sc->vals, VALS_MAX(most) * sizeof(uint64_t)) < 0 ||
         area_room(sc, &sc->out, OUT_MAX(most) + (size_t)records * OUT_USUAL) < 0 ||
         area_room(sc, &sc->drop, (size_t)records * 2 * sizeof(PyObject *)) < 0)
         return NULL;
+    /* the rings' spare array (encode_detached()), made now rather than by the first detach */
+    const rh_cring_api *api = cring_api();
+    if (api == NULL)
+        return NULL;
+    sc->spare = records > 0 ? api->reserve_spare((uint64_t)records) : NULL;
+    if (records > 0 && sc->spare == NULL)
+        return NULL;
+    sc->spare_bytes = (size_t)records * sizeof(rh_rec);
     sc->unpaged = 1; /* paged in by the next call, with the GIL released */
     Py_RETURN_NONE;
 }
@@ -2447,7 +2764,7 @@ PyDoc_STRVAR(free_scratch_doc,
 "free_scratch() -> None\n\
 \n\
 Free the memory encode_ring() keeps between calls (TraceWriter.close() does; while a\n\
-call uses it, when that call ends).");
+call uses it, when that call ends), and the rings' spare array.");
 
 static PyObject *
 free_scratch(PyObject *module, PyObject *Py_UNUSED(ignored))
@@ -2457,6 +2774,11 @@ free_scratch(PyObject *module, PyObject *Py_UNUSED(ignored))
         sc->free_pending = 1;
     else
         scratch_free(sc);
+    const rh_cring_api *api = cring_api(); /* and the rings' spare array (encode_detached) */
+    if (api == NULL)
+        PyErr_Clear();
+    else
+        api->free_spare();
     Py_RETURN_NONE;
 }
 

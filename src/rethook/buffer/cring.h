@@ -216,9 +216,10 @@ typedef struct {
  * ring_type is all the native users need. The rest is the consuming read of Ring.consume()
  * in pieces, for a reader that does not want event tuples (the trace file writer's fused
  * drain, rethook.buffer._tfenc): take() is Ring.consume()'s read and accounting,
- * take_in_place() its accounting alone, untake() its accounting when the records then reach
- * no reader, release() drops what take() gave, events() its decoding into event tuples. The
- * module's _C_API_VERSION says which fields exist (1: ring_type only; 2: all of them);
+ * take_in_place() its accounting alone, detach() its accounting with the ring's array taken
+ * out, untake() its accounting when the records then reach no reader, release() drops what
+ * take() gave, events() its decoding into event tuples. The module's _C_API_VERSION says
+ * which fields exist (1: ring_type only; 2: up to events; 3: all of them);
  * fields are only ever added at the end. */
 typedef struct {
     PyTypeObject *ring_type;
@@ -246,9 +247,27 @@ typedef struct {
      * (references borrowed from recs, which must stay alive), or NULL with an error. Calls
      * name_of once per distinct code object. */
     PyObject *(*events)(const rh_rec *recs, uint64_t n, PyObject *tid, PyObject *name_of);
+    /* --- version 3 --- */
+    /* take_in_place()'s accounting, and the ring's array taken out with the records: the
+     * ring gets an empty array of the same capacity (the spare, or a new one) and writers go
+     * on in it, so the records of t, in *array at (t->first + i) % capacity for i < t->n,
+     * are the caller's alone, references included: it reads them without the GIL and runs
+     * Python code as it likes. It must empty every one of those slots (the array's others
+     * are empty) and hand the array to give_back(). 0, or -1 with MemoryError (nothing
+     * taken). Runs no Python code. */
+    int (*detach)(rh_ring *r, rh_taken *t, rh_rec **array);
+    /* An array detach() gave, every slot empty, with its ring's capacity then: kept as the
+     * spare the next detach() puts in a ring, or freed. Runs no Python code. */
+    void (*give_back)(rh_rec *array, uint64_t capacity);
+    /* Free the spare (the recording is over). Runs no Python code. */
+    void (*free_spare)(void);
+    /* Make the spare an array of this capacity now (a recording starts), rather than at the
+     * first detach(): the spare, which stays the next detach()'s (the caller may page it in
+     * with MADV_POPULATE_WRITE, which keeps what it holds), or NULL with MemoryError. */
+    rh_rec *(*reserve_spare)(uint64_t capacity);
 } rh_cring_api;
 
 #define RH_CRING_CAPSULE "rethook.buffer._cring._C_API"
-#define RH_CRING_API_VERSION 2
+#define RH_CRING_API_VERSION 3
 
 #endif

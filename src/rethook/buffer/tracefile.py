@@ -417,11 +417,12 @@ class TraceWriter:
         left as that consume leaves it. With the C encoder (:mod:`rethook.buffer._tfenc`)
         and the built-in layouts for formats 1-5, the records are encoded in C from the
         ring, with no event tuple per record -- a call of many records with the GIL
-        released once they are copied out of the ring, so the program runs meanwhile
-        (``_tfenc.c``, "Encoding with the GIL released") -- and the chunks of the call go
-        to the file in one write, the GIL held (the drain thread of ``rethook record``:
-        each time it lets the GIL go, a CPU-bound program keeps it a switch interval once
-        the drain wants it back, filling the ring meanwhile). Otherwise it is that very
+        released once the ring's array is taken out with them (the ring goes on in a spare
+        one), so the program runs meanwhile (``_tfenc.c``, "The detached drain") -- and the
+        chunks of the call go to the file in one write, the GIL held (the drain thread of
+        ``rethook record``: each time it lets the GIL go, a CPU-bound program keeps it a
+        switch interval once the drain wants it back, filling the ring meanwhile). The
+        caller's ring may then have a new array, of the same size. Otherwise it is that very
         call. One thread at a time may use a writer; :meth:`close` from another thread
         while a call encodes makes that call raise ValueError, its records unwritten.
 
@@ -511,7 +512,8 @@ class TraceWriter:
 
     def prepare_native(self, records: int) -> None:
         """Get ready to :meth:`write_native` rings of up to ``records`` records: the memory
-        the C encoder and the output buffer need, allocated now (MemoryError here) and
+        the C encoder and the output buffer need, and the rings' spare array (the one a
+        ring gets when the encoder takes its array out), allocated now (MemoryError here) and
         paged in rather than by the first calls (which, while a program fills the ring, is
         when time matters). The C encoder's is paged in by its next call, with the GIL
         released (``_tfenc.reserve``): a recording's start-up does not wait for it."""
