@@ -2059,6 +2059,27 @@ forget_strings(PyObject *strings, PyObject *new_strings, Py_ssize_t start)
     return PyList_SetSlice(new_strings, start, end, NULL);
 }
 
+/* The tuple path's result for the n records in buf, taken from r with t's accounting: their
+ * event tuples as (lost_before, lost_after, None, events), or NULL (the records counted lost,
+ * as Ring.consume() counts them). The records are released, buf freed. */
+static PyObject *
+tuple_result(const rh_cring_api *api, rh_ring *r, rh_taken *t, rh_rec *buf, uint64_t n,
+             PyObject *tid, PyObject *name_of)
+{
+    PyObject *events = api->events(buf, n, tid, name_of);
+    PyObject *result = events == NULL ? NULL
+                       : Py_BuildValue("(KKON)", (unsigned long long)t->lost_before,
+                                       (unsigned long long)t->lost_after, Py_None, events);
+    if (result == NULL)
+        api->untake(r, t);
+    rh_taken held = {.recs = buf, .n = n};
+    PyObject *exc = PyErr_GetRaisedException();
+    api->release(&held); /* may run Python code */
+    PyErr_SetRaisedException(exc);
+    PyMem_Free(buf);
+    return result;
+}
+
 /* The tuple path: Ring.consume(tid, name_of) itself, as (lost_before, lost_after, None,
  * events), or NULL. */
 static PyObject *
@@ -2073,17 +2094,7 @@ consume_events(const rh_cring_api *api, rh_ring *r, PyObject *tid, PyObject *nam
         PyMem_Free(buf);
         return NULL;
     }
-    PyObject *events = api->events(t.recs, t.n, tid, name_of);
-    PyObject *result = events == NULL ? NULL
-                       : Py_BuildValue("(KKON)", (unsigned long long)t.lost_before,
-                                       (unsigned long long)t.lost_after, Py_None, events);
-    if (result == NULL)
-        api->untake(r, &t);
-    PyObject *exc = PyErr_GetRaisedException();
-    api->release(&t); /* may run Python code */
-    PyErr_SetRaisedException(exc);
-    PyMem_Free(buf);
-    return result;
+    return tuple_result(api, r, &t, buf, t.n, tid, name_of);
 }
 
 /* name_of failed: what Ring.consume() does then. The records are taken and reach no reader:
@@ -2451,26 +2462,30 @@ detached_events(Fused *f, const rh_cring_api *api, rh_taken *t, PyObject *tid)
         f->detached[pos].code = f->detached[pos].parent = NULL;
     }
     api->give_back(f->detached, cap);
-    rh_taken mine = {.recs = buf, .n = n};
-    PyObject *events = api->events(buf, n, tid, f->name_of);
-    PyObject *result = events == NULL ? NULL
-                       : Py_BuildValue("(KKON)", (unsigned long long)t->lost_before,
-                                       (unsigned long long)t->lost_after, Py_None, events);
-    if (result == NULL)
-        api->untake(f->ring, t);
+    return tuple_result(api, f->ring, t, buf, n, tid, f->name_of);
+}
+
+/* The call failed once the records were detached: they reach no reader (lost, as
+ * Ring.consume() counts them), their references are released, the array given back. The
+ * error stays set. */
+static void
+detached_failed(Fused *f, const rh_cring_api *api, rh_taken *t, Py_ssize_t n)
+{
+    api->untake(f->ring, t);
     PyObject *exc = PyErr_GetRaisedException();
-    api->release(&mine); /* may run Python code */
+    release_detached(f, n); /* may run Python code */
+    api->give_back(f->detached, f->cap);
     PyErr_SetRaisedException(exc);
-    PyMem_Free(buf);
-    return result;
 }
 
 /* encode_ring() for a call that lets the GIL go, its records named, encoded and counted
  * without it (see above). f: the call's, its names ready; n: the ring's readable records
- * now (what releases_gil() said yes to). */
-static PyObject *
+ * now (what releases_gil() said yes to). 0: done, *result is the call's (NULL with an
+ * error); 1: no memory for the detach (nothing taken, no error set): the caller reads the
+ * records in place instead, which needs none. */
+static int
 encode_detached(Fused *f, const rh_cring_api *api, const rh_round_api *round, Py_ssize_t n,
-                Py_ssize_t batch, PyObject *tid, Scratch *local)
+                Py_ssize_t batch, PyObject *tid, Scratch *local, PyObject **result)
 {
     Scratch *sc = f->sc;
     rh_ring *rg = f->ring;
@@ -2483,14 +2498,17 @@ encode_detached(Fused *f, const rh_cring_api *api, const rh_round_api *round, Py
         area_room(sc, &sc->out, OUT_MAX(most) + (size_t)n * OUT_USUAL) < 0 ||
         area_room(sc, &sc->drop, (size_t)n * sizeof(PyObject *)) < 0 ||
         area_room(sc, &sc->refs, (size_t)f->names->nslots * sizeof(uint64_t)) < 0) {
-        if (enc == NULL)
-            PyErr_NoMemory();
-        goto nothing_taken;
+        PyErr_Clear();
+        PyMem_Free(enc);
+        return 1;
     }
     rh_taken t;
     rh_rec *array;
-    if (api->detach(rg, &t, &array) < 0)
-        goto nothing_taken;
+    if (api->detach(rg, &t, &array) < 0) {
+        PyErr_Clear();
+        PyMem_Free(enc);
+        return 1;
+    }
     /* the records are the call's: Python code may run from here on */
     f->detached = array;
     f->cap = cap;
@@ -2511,14 +2529,9 @@ encode_detached(Fused *f, const rh_cring_api *api, const rh_round_api *round, Py
         int r = name_detached_held(f, d.named, n);
         if (r == 0 && area_room(sc, &sc->refs, (size_t)f->names->nslots * sizeof(uint64_t)) < 0)
             r = -1;
-        if (r == -1) { /* the records reach no reader: lost, as Ring.consume() counts them */
-            api->untake(rg, &t);
-            PyObject *exc = PyErr_GetRaisedException();
-            release_detached(f, n);
-            api->give_back(array, cap);
-            PyErr_SetRaisedException(exc);
-            PyMem_Free(enc);
-            goto names_done;
+        if (r == -1) {
+            detached_failed(f, api, &t, n);
+            goto failed;
         }
         d.named = r == 0 ? n : -1;
         if (r == 0) {
@@ -2529,25 +2542,20 @@ encode_detached(Fused *f, const rh_cring_api *api, const rh_round_api *round, Py
     if (d.named >= 0 && !d.counted) {
         int r = check_left(f, enc, d.nenc);
         if (r < 0) { /* (not reached: no dict lookup of a str key fails) */
-            api->untake(rg, &t);
-            PyObject *exc = PyErr_GetRaisedException();
-            release_detached(f, n);
-            api->give_back(array, cap);
-            PyErr_SetRaisedException(exc);
-            PyMem_Free(enc);
-            goto names_done;
+            detached_failed(f, api, &t, n);
+            goto failed;
         }
         if (r > 0)
             d.named = -1;
     }
     if (d.named < 0) { /* the tuple path (no string added; the references still in place) */
         PyMem_Free(enc);
-        PyObject *result = detached_events(f, api, &t, tid);
+        *result = detached_events(f, api, &t, tid);
         PyObject *exc = PyErr_GetRaisedException();
         names_release(f);
         scratch_done(sc, local);
         PyErr_SetRaisedException(exc);
-        return result;
+        return 0;
     }
     for (Py_ssize_t b = 0; b < d.nenc; b++) /* the batches left: strings to add */
         if (!enc[b].done && encode_batch(f, &enc[b], 1) < 0)
@@ -2556,16 +2564,17 @@ encode_detached(Fused *f, const rh_cring_api *api, const rh_round_api *round, Py
         count_detached(f, n);
     drop_counted(f);
     api->give_back(array, cap);
-    return call_result(f, api, &t, enc, d.nenc, strings_start, table_start, local);
+    *result = call_result(f, api, &t, enc, d.nenc, strings_start, table_start, local);
+    return 0;
 
-nothing_taken:
+failed: {
     PyMem_Free(enc);
-names_done: {
     PyObject *exc = PyErr_GetRaisedException();
     names_release(f); /* may run Python code */
     scratch_done(sc, local);
     PyErr_SetRaisedException(exc);
-    return NULL;
+    *result = NULL;
+    return 0;
 }
 }
 
@@ -2654,8 +2663,10 @@ encode_ring(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     if (r == 0) {
         Py_ssize_t n = (Py_ssize_t)(rg->head - rg->floor);
-        if (n > 0 && releases_gil(n, rg->capacity, round))
-            return encode_detached(&f, api, round, n, batch, tid, &local);
+        PyObject *result;
+        if (n > 0 && releases_gil(n, rg->capacity, round) &&
+            encode_detached(&f, api, round, n, batch, tid, &local, &result) == 0)
+            return result;
         r = name_records(&f, rg);
     }
     if (r != 0) { /* the records need the tuple path, or an error */
