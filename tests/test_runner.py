@@ -81,6 +81,45 @@ def test_children_followed_into_one_trace(tmp_path: Path) -> None:
     assert all(re.search(rf"^\s+{pid}\s", info.stdout, re.M) for pid in processes)
 
 
+def test_the_run_directory_is_made_when_a_child_needs_it(tmp_path: Path) -> None:
+    """``trace.dat.procs/`` is made when the program first starts or forks another, not
+    before (most programs start none); a previous run's leftovers are not this run's
+    children; a fork child's and a started Python's events are in the trace; no directory
+    is left either way."""
+    out = tmp_path / "t.dat"
+    procs = tmp_path / "t.dat.procs"
+    (tmp_path / "alone.py").write_text(
+        "import os, sys\n"
+        "def f():\n"
+        "    return 1\n"
+        f"print(f(), os.path.exists({str(procs)!r}))\n")
+    (tmp_path / "parent.py").write_text(
+        "import os, subprocess, sys\n"
+        "def f():\n"
+        "    return 1\n"
+        "def g():  # (the started Python's g is traced under the same -l)\n"
+        "    return 2\n"
+        f"print(os.path.exists({str(procs)!r}))\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    f()\n"
+        "    os._exit(0)\n"
+        "os.waitpid(pid, 0)\n"
+        f"print(os.path.exists({str(procs)!r}))\n"
+        "subprocess.run([sys.executable, '-c', 'def g():\\n    return 2\\ng()'], check=True)\n")
+    procs.mkdir()  # a previous run's, killed: its child's file must not be taken in
+    (procs / "12345.dat").write_bytes(b"leftover")
+    r = run("-m", "rethook", "record", "-o", str(out), "-l", "f", "alone.py", cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout == "1 False\n", r.stderr
+    assert not procs.exists() and "12345" not in r.stderr
+    assert sum(calls(out, "__main__.f").values()) == 1
+    r = run("-m", "rethook", "record", "-o", str(out), "-l", "f", "-l", "g", "parent.py",
+            cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout == "False\nTrue\n", r.stderr
+    assert "not traced" not in r.stderr and not procs.exists()
+    assert len(calls(out, "__main__.f")) == 1 and sum(calls(out, "__main__.g").values()) == 1
+
+
 def _until_ready(proc: subprocess.Popen) -> None:
     assert proc.stdout is not None
     assert proc.stdout.readline() == "ready\n"

@@ -2,8 +2,10 @@
 settings, and the run ends with one result (docs/cli.md, "Child processes").
 
 A run that follows has a directory of its own (:class:`Follow`): next to the output file
-(``trace.dat.procs/``) for ``record``, a temporary one for ``stream`` and ``profile``. Every
-process but the first writes its results there, as it runs:
+(``trace.dat.procs/``) for ``record``, made when the program first starts or forks another
+(most start none, and making and removing it costs a few ms on a file system that discards
+freed blocks), a temporary one for ``stream`` and ``profile``. Every process but the first
+writes its results there, as it runs:
 
 * a fork child (``os.fork``, multiprocessing's fork and forkserver workers,
   ``ProcessPoolExecutor``) goes on with the parent's tracer and rings (emptied, see
@@ -67,25 +69,25 @@ class Follow:
         self.root = root  # pid of the first process
         self.temporary = temporary  # a directory of its own, removed at the end
         self.merged: set[int] = set()  # pids whose files append_sections took in
+        self._made = False  # the directory and its settings exist (make())
 
     @classmethod
     def create(cls, mode: str, settings: TraceSettings, output: str | None = None) -> Follow:
-        """The first process's: a new run directory, next to ``output`` if given."""
+        """The first process's: a new run directory, next to ``output`` if given (made when
+        it is first needed: :meth:`make`)."""
         if output is not None:
             rundir = os.path.abspath(output) + ".procs"
-            if os.path.isdir(rundir):
-                for name in os.listdir(rundir):  # a previous run's leftovers
+            if os.path.isdir(rundir):  # a previous run's leftovers
+                for name in os.listdir(rundir):
                     os.unlink(os.path.join(rundir, name))
-            else:
-                os.mkdir(rundir)
+                os.rmdir(rundir)
+            follow = cls(rundir, mode, settings, os.getpid(), False)
         else:
             import tempfile  # stream and profile only (start-up: test_startup)
 
-            rundir = tempfile.mkdtemp(prefix="rethook-run-")
-        follow = cls(rundir, mode, settings, os.getpid(), output is None)
-        with open(os.path.join(rundir, _SETTINGS), "w", encoding="utf-8") as f:
-            json.dump({"mode": mode, "settings": json.loads(settings.to_json()),
-                       "root": follow.root, "temporary": follow.temporary}, f)
+            follow = cls(tempfile.mkdtemp(prefix="rethook-run-"), mode, settings, os.getpid(),
+                         True)
+            follow.make()
         return follow
 
     @classmethod
@@ -93,11 +95,36 @@ class Follow:
         with open(os.path.join(rundir, _SETTINGS), encoding="utf-8") as f:
             data = json.load(f)
         settings = TraceSettings.from_json(json.dumps(data["settings"]))
-        return cls(rundir, data["mode"], settings, data["root"], data["temporary"])
+        follow = cls(rundir, data["mode"], settings, data["root"], data["temporary"])
+        follow._made = True
+        return follow
+
+    def make(self) -> None:
+        """Make the run's directory and its settings file, unless made: before the program
+        starts or forks another process (the only ones that use them). The settings are
+        written whole or not at all: a child of another process may make them too."""
+        if self._made:
+            return
+        os.makedirs(self.rundir, exist_ok=True)
+        path = os.path.join(self.rundir, _SETTINGS)
+        part = f"{path}.{os.getpid()}"
+        with open(part, "w", encoding="utf-8") as f:
+            json.dump({"mode": self.mode, "settings": json.loads(self.settings.to_json()),
+                       "root": self.root, "temporary": self.temporary}, f)
+        os.replace(part, path)
+        self._made = True
+
+    def _names(self) -> list[str]:
+        """The files in the run's directory (none if it was never made)."""
+        try:
+            return os.listdir(self.rundir)
+        except FileNotFoundError:
+            return []
 
     # --- the files of the run --------------------------------------------------------------
     def process_file(self, suffix: str = ".dat") -> str:
         """A new file for this process (``PID.dat``; ``PID.N.dat`` after an exec)."""
+        self.make()
         pid = os.getpid()
         n = 0
         while True:
@@ -114,6 +141,7 @@ class Follow:
         line = json.dumps({"pid": pid, "parent": os.getpid(), "how": how,
                            "executable": executable, "argv": argv[:8]}) + "\n"
         try:
+            self.make()
             fd = os.open(os.path.join(self.rundir, _LEDGER),
                          os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             try:
@@ -126,7 +154,7 @@ class Follow:
     def trace_files(self) -> list[tuple[str, dict[str, Any]]]:
         """The children's trace files with their META, oldest first."""
         out = []
-        for name in os.listdir(self.rundir):
+        for name in self._names():
             if not name.endswith(".dat"):
                 continue
             path = os.path.join(self.rundir, name)
@@ -167,7 +195,7 @@ class Follow:
     def profiles(self) -> list[tuple[int, list[list[Any]]]]:
         """The children's profile tables: ``(pid, [[name, hit, time_ns, time_sq], ...])``."""
         out = []
-        for name in sorted(os.listdir(self.rundir)):
+        for name in sorted(self._names()):
             if name.endswith(".profile"):
                 try:
                     with open(os.path.join(self.rundir, name), encoding="utf-8") as f:
@@ -180,7 +208,7 @@ class Follow:
     def untraced(self) -> list[str]:
         """Lines naming the started programs that were not traced, with the reason."""
         traced = set()
-        for name in os.listdir(self.rundir):
+        for name in self._names():
             stem = name.split(".")[0]
             if stem.isdigit() and name.endswith((".dat", ".profile", ".helper")):
                 traced.add(int(stem))
@@ -213,10 +241,12 @@ class Follow:
         if keep:
             return
         try:
-            for name in os.listdir(self.rundir):
-                if name.endswith(".dat"):
-                    return  # a child still writing: its file stays readable
-            for name in os.listdir(self.rundir):
+            names = self._names()
+            if any(name.endswith(".dat") for name in names):
+                return  # a child still writing: its file stays readable
+            if not names and not os.path.isdir(self.rundir):
+                return  # never made: no program was started
+            for name in names:
                 _unlink(os.path.join(self.rundir, name))
             os.rmdir(self.rundir)
         except OSError:
@@ -241,6 +271,7 @@ class Follow:
     # --- starting programs -------------------------------------------------------------------
     def environment(self, env: dict[str, str]) -> dict[str, str]:
         """``env`` for a program this run starts: the start-up hook first on PYTHONPATH."""
+        self.make()
         env = dict(env)
         saved = env.get("PYTHONPATH")
         env[ENV_PYTHONPATH] = "-" if saved is None else saved
@@ -265,6 +296,7 @@ def install(follow: Follow, before_exec: Callable[[list[str]], None]) -> None:
         return
     import _posixsubprocess
 
+    os.register_at_fork(before=_before_fork)
     _wrap(os, "execv", lambda real: lambda path, args: _execve(real, path, args, None))
     _wrap(os, "execve", lambda real: lambda path, args, env: _execve(real, path, args, env))
     for name in ("posix_spawn", "posix_spawnp"):
@@ -277,6 +309,17 @@ def install(follow: Follow, before_exec: Callable[[list[str]], None]) -> None:
     subprocess = sys.modules.get("subprocess")
     if hasattr(subprocess, "_fork_exec"):
         _wrap(subprocess, "_fork_exec", _fork_exec_wrapper)
+
+
+def _before_fork() -> None:
+    """A fork child writes its file in the run's directory: made before the fork, by the
+    process that will look into it."""
+    follow = _current
+    if follow is not None:
+        try:
+            follow.make()
+        except OSError:
+            pass  # (the child's process_file() says so, where it can)
 
 
 def _wrap(owner: Any, name: str, make: Callable[[Any], Callable[..., Any]]) -> None:
