@@ -1389,6 +1389,7 @@ typedef struct {
     int unpaged;       /* reserve() made the areas: the next call pages them in */
     void *spare;       /* and the rings' spare array it had made (reserve()), or NULL */
     size_t spare_bytes;
+    size_t out_usual;  /* how much of the output area a call usually writes (reserve()) */
 } Scratch;
 
 /* The module's state */
@@ -1457,45 +1458,55 @@ scratch_free(Scratch *sc)
     area_free(sc, &sc->refs);
 }
 
-/* Page [p, p + n) in for writing (the first call after reserve(), the GIL released):
- * MADV_POPULATE_WRITE, or where the kernel lacks it a write to each page. */
-static void
-page_in(void *p, size_t n)
+/* Page the whole pages of [p, p + n) in for writing, what they hold kept: 0, or -1 where the
+ * kernel cannot (no MADV_POPULATE_WRITE). */
+static int
+populate(void *p, size_t n)
 {
+#ifdef MADV_POPULATE_WRITE
     long ps = sysconf(_SC_PAGESIZE);
     uintptr_t page = ps > 0 ? (uintptr_t)ps : 4096;
     uintptr_t a = ((uintptr_t)p + page - 1) & ~(page - 1), e = ((uintptr_t)p + n) & ~(page - 1);
     if (p == NULL || e <= a)
-        return;
-#ifdef MADV_POPULATE_WRITE
-    if (madvise((void *)a, e - a, MADV_POPULATE_WRITE) == 0)
-        return;
+        return 0;
+    return madvise((void *)a, e - a, MADV_POPULATE_WRITE) == 0 ? 0 : -1;
+#else
+    (void)p;
+    (void)n;
+    return -1;
 #endif
-    for (uintptr_t q = a; q < e; q += page)
+}
+
+/* Page [p, p + n) in for writing (the first call after reserve(), the GIL released):
+ * populate(), or where the kernel cannot a write to each page (what they hold is lost: for
+ * areas whose contents do not matter yet). */
+static void
+page_in(void *p, size_t n)
+{
+    if (populate(p, n) == 0)
+        return;
+    long ps = sysconf(_SC_PAGESIZE);
+    uintptr_t page = ps > 0 ? (uintptr_t)ps : 4096;
+    uintptr_t a = ((uintptr_t)p + page - 1) & ~(page - 1), e = ((uintptr_t)p + n) & ~(page - 1);
+    for (uintptr_t q = a; p != NULL && q < e; q += page)
         *(volatile unsigned char *)q = 0;
 }
 
 /* The areas reserve() made, paged in: they are written on every call (the references to
- * drop rarely are). */
+ * drop rarely are; the output area only as far as a call's payloads usually take it, not
+ * to the worst case it is sized for). The spare too: the ring it goes into is written by
+ * the program's thread, which would otherwise fault its pages in (fresh memory costs ~2 us
+ * a page on this VM); populate() only, which leaves what is there alone: a ring may hold
+ * the spare already. */
 static void
 page_areas(void *arg)
 {
     Scratch *sc = arg;
-    const Area *areas[] = {&sc->types, &sc->named, &sc->vals, &sc->out};
+    const Area *areas[] = {&sc->types, &sc->named, &sc->vals};
     for (size_t i = 0; i < sizeof(areas) / sizeof(areas[0]); i++)
         page_in(areas[i]->p, areas[i]->bytes);
-#ifdef MADV_POPULATE_WRITE
-    /* The spare too: the ring it goes into is written by the program's thread, which would
-     * otherwise fault its pages in (fresh memory costs ~2 us a page on this VM). Only with
-     * MADV_POPULATE_WRITE, which leaves what is there alone: a ring may hold it already. */
-    if (sc->spare != NULL) {
-        long ps = sysconf(_SC_PAGESIZE);
-        uintptr_t page = ps > 0 ? (uintptr_t)ps : 4096;
-        uintptr_t a = (uintptr_t)sc->spare & ~(page - 1);
-        (void)madvise((void *)a, (uintptr_t)sc->spare + sc->spare_bytes - a,
-                      MADV_POPULATE_WRITE);
-    }
-#endif
+    page_in(sc->out.p, sc->out.bytes < sc->out_usual ? sc->out.bytes : sc->out_usual);
+    (void)populate(sc->spare, sc->spare_bytes);
     sc->spare = NULL;
 }
 
@@ -2428,18 +2439,13 @@ detached_released(void *arg)
         count_detached(d->f, d->n);
         d->counted = 1;
     }
-#ifdef MADV_POPULATE_WRITE
     /* An array met first was written only where its ring's records were: the rest would
      * be paged in by the program's thread when it becomes a ring's array again (fresh
      * memory costs ~2 us a page on this VM). Paged in here, what it holds kept. */
     if (d->page) {
         d->page = 0;
-        long ps = sysconf(_SC_PAGESIZE);
-        uintptr_t page = ps > 0 ? (uintptr_t)ps : 4096, p = (uintptr_t)d->f->detached;
-        uintptr_t a = p & ~(page - 1), e = p + (size_t)d->f->cap * sizeof(rh_rec);
-        (void)madvise((void *)a, e - a, MADV_POPULATE_WRITE);
+        (void)populate(d->f->detached, (size_t)d->f->cap * sizeof(rh_rec));
     }
-#endif
 }
 
 /* The records of a detached array that need the tuple path: moved out of it into an array
@@ -2767,6 +2773,7 @@ reserve(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     if (records > 0 && sc->spare == NULL)
         return NULL;
     sc->spare_bytes = (size_t)records * sizeof(rh_rec);
+    sc->out_usual = (size_t)(records + most) * OUT_USUAL;
     sc->unpaged = 1; /* paged in by the next call, with the GIL released */
     Py_RETURN_NONE;
 }
