@@ -1386,7 +1386,7 @@ typedef struct {
     int busy;          /* a call is using it (name_of, Python code, could make another) */
     unsigned busy_gen; /* fork_gen when busy was set (see scratch_in_use()) */
     int free_pending;  /* free_scratch() was called meanwhile: done when that call ends */
-    int unpaged;       /* reserve() made the areas: the next call pages them in */
+    int unpaged;       /* reserve() made the areas: the next large call pages them in */
     void *spare;       /* and the rings' spare array it had made (reserve()), or NULL */
     size_t spare_bytes;
     size_t out_usual;  /* how much of the output area a call usually writes (reserve()) */
@@ -2649,7 +2649,10 @@ encode_ring(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     sc->busy = 1;
     sc->busy_gen = fork_gen;
     f.sc = sc;
-    if (sc->unpaged) { /* what reserve() made, paged in by the drain rather than at start-up */
+    if (sc->unpaged && rg->head - rg->floor >= NOGIL_MIN_RECORDS) {
+        /* what reserve() made, paged in by the drain rather than at start-up, and by the
+         * first large call: the small ones do not need it, and a program that ends before
+         * one (the last calls drain what it left) never pays for it */
         sc->unpaged = 0;
         without_gil(round, page_areas, sc);
     }
@@ -2733,9 +2736,10 @@ PyDoc_STRVAR(reserve_doc,
 "reserve(records, batch) -> None\n\
 \n\
 Make encode_ring()'s scratch memory ready for rings of up to `records` records and\n\
-batches of `batch`: allocated now (MemoryError here, before a recording starts), and\n\
-paged in by the next encode_ring() at once, with the GIL released (the drain thread's,\n\
-while the program runs), rather than page by page while it encodes.");
+batches of `batch`, and the rings' spare array: allocated now (MemoryError here, before\n\
+a recording starts), and paged in by the next encode_ring() of many records at once,\n\
+with the GIL released (the drain thread's, while the program runs), rather than page\n\
+by page while it encodes.");
 
 static PyObject *
 reserve(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
@@ -2774,7 +2778,7 @@ reserve(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     sc->spare_bytes = (size_t)records * sizeof(rh_rec);
     sc->out_usual = (size_t)(records + most) * OUT_USUAL;
-    sc->unpaged = 1; /* paged in by the next call, with the GIL released */
+    sc->unpaged = 1; /* paged in by the next large call, with the GIL released */
     Py_RETURN_NONE;
 }
 

@@ -438,7 +438,7 @@ class TraceWriter:
             return self.write_events(consumed_items(ring.consume(tid, name_of), tid))
         new_strings: list[str] = []
         self._scratch_used = True
-        self._reserved = False  # (this call pages it in)
+        self._reserved = False  # (this call, if large, pages it in)
         names = self._names
         if names is None:
             names = self._names = _tfenc.NameCache()
@@ -515,8 +515,9 @@ class TraceWriter:
         the C encoder and the output buffer need, and the rings' spare array (the one a
         ring gets when the encoder takes its array out), allocated now (MemoryError here) and
         paged in rather than by the first calls (which, while a program fills the ring, is
-        when time matters). The C encoder's is paged in by its next call, with the GIL
-        released (``_tfenc.reserve``): a recording's start-up does not wait for it."""
+        when time matters). The C encoder's is paged in by its next call of many records,
+        with the GIL released (``_tfenc.reserve``): a recording's start-up does not wait for
+        it, nor the end of a program that never filled a quarter of a ring."""
         if not self._native_encodable():
             return
         records = max(0, int(records))
