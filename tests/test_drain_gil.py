@@ -170,6 +170,23 @@ def test_a_thread_writes_its_ring_while_the_drain_encodes_it(gil_mode):
     assert sum(e.count for e in items if isinstance(e, fd.Lost)) == lost
 
 
+def test_rings_resized_between_detached_calls(gil_mode):
+    """The spare follows the rings' size: a ring resized between calls (buffer_size_kb)
+    is detached into an array of its new capacity, and every record still comes out once."""
+    gil_mode(RELEASE)
+    a, b = cring.Ring(40, TID), cring.Ring(40, TID)
+    wa, wb = fd.new_writer(), fd.new_writer()
+    ts = 0
+    for capacity in (40, 25, 25, 60, 40):
+        for ring in (a, b):
+            ring.resize(capacity)
+        ts = write_records((a, b), [(2 + k % 2, k % 4, None, k % 5, 3, k, 0, 0, 0)
+                                    for k in range(capacity - 3)], ts)
+        assert fused(wa, a) == tuple_path(wb, b) == capacity - 3
+        assert a.stats() == b.stats()
+    assert finish(wa) == finish(wb)
+
+
 def test_the_policy(gil_mode):
     """The GIL goes for 4096 records or more from a ring at most half full, while no drain
     round is open (several threads write: the round is the drain's). With blocking on (the

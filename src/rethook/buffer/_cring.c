@@ -593,12 +593,24 @@ taken_release(rh_taken *t)
 static rh_rec *spare;
 static uint64_t spare_capacity;
 
+/* The spare freed: the capsule's free_spare (the recording is over), and where the one kept
+ * is not the size a ring has now (a ring was resized). */
+static void
+spare_free(void)
+{
+    rh_rec *a = spare;
+    spare = NULL;
+    recs_free(a, spare_capacity);
+}
+
 /* the capsule's: the accounting, and the ring's array taken with the records (cring.h) */
 static int
 ring_detach(rh_ring *r, rh_taken *t, rh_rec **array)
 {
     rh_rec *fresh = NULL;
-    if (spare != NULL && spare_capacity == r->capacity) {
+    if (spare != NULL && spare_capacity != r->capacity)
+        spare_free();
+    if (spare != NULL) {
         fresh = spare;
         spare = NULL;
     }
@@ -614,27 +626,26 @@ ring_detach(rh_ring *r, rh_taken *t, rh_rec **array)
     return 0;
 }
 
-/* the capsule's: an array detach() gave, emptied, kept as the spare or freed */
+/* the capsule's: an array detach() gave, emptied, kept as the spare (the newest size
+ * wins) or freed */
 static void
 ring_give_back(rh_rec *array, uint64_t capacity)
 {
-    if (spare == NULL) {
-        spare = array;
-        spare_capacity = capacity;
-    }
-    else {
+    if (spare != NULL && spare_capacity == capacity) {
         recs_free(array, capacity);
+        return;
     }
+    spare_free();
+    spare = array;
+    spare_capacity = capacity;
 }
 
 /* the capsule's: the spare made ready for rings of this capacity (cring.h) */
 static rh_rec *
 ring_reserve_spare(uint64_t capacity)
 {
-    if (spare != NULL && spare_capacity != capacity) {
-        recs_free(spare, spare_capacity);
-        spare = NULL;
-    }
+    if (spare != NULL && spare_capacity != capacity)
+        spare_free();
     if (spare == NULL) {
         if ((spare = recs_alloc(capacity)) == NULL) {
             PyErr_NoMemory();
@@ -645,14 +656,6 @@ ring_reserve_spare(uint64_t capacity)
     return spare;
 }
 
-/* the capsule's: the spare freed */
-static void
-ring_free_spare(void)
-{
-    rh_rec *a = spare;
-    spare = NULL;
-    recs_free(a, spare_capacity);
-}
 
 static PyObject *
 ring_consume(rh_ring *r, PyObject *args)
@@ -849,7 +852,7 @@ static PyTypeObject Ring_Type = {
 
 static rh_cring_api cring_api = {&Ring_Type,      ring_take_into, ring_take_in_place,
                                   ring_untake,     taken_release,  event_list,
-                                  ring_detach,     ring_give_back, ring_free_spare,
+                                  ring_detach,     ring_give_back, spare_free,
                                   ring_reserve_spare};
 
 static struct PyModuleDef moduledef = {
