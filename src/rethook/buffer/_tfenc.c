@@ -1372,10 +1372,11 @@ static PyType_Spec cache_spec = {
 };
 
 /* Scratch memory kept between calls (the module's state): the records' types and names by
- * ring position, the column values, the payloads being written and the references being dropped, sized for the largest
- * call so far. Fresh memory for each call would be paged in by each call: at the ~1 us a 4 KB
- * page costs here, about what encoding the records it holds costs. Allocated with
- * PyMem_Raw*: the output area grows while the GIL is released (encode_batch()). */
+ * ring position, the column values, the payloads being written and the references being
+ * dropped, sized for the largest call so far. Fresh memory for each call would be paged in
+ * by each call: at the ~1 us a 4 KB page costs here, about what encoding the records it
+ * holds costs. Allocated with PyMem_Raw*: the output area grows while the GIL is released
+ * (encode_batch()). */
 typedef struct {
     void *p;
     size_t bytes;
@@ -1682,8 +1683,8 @@ move_refs(Fused *f, Py_ssize_t upto)
     f->moved = upto;
 }
 
-/* Drop the references count_detached() counted, code by code: as many Py_DECREF()s, which free
- * nothing (the names table holds each code). Holds the GIL; runs no Python code. */
+/* Drop the references count_detached() counted, code by code: as many Py_DECREF()s, which
+ * free nothing (the names table holds each code). Holds the GIL; runs no Python code. */
 static PASS void
 drop_counted(Fused *f)
 {
@@ -1782,10 +1783,10 @@ put_row(Columns *cs, const Row r, Py_ssize_t i)
 
 /* Encode the batch e of the records taken into its EVTS payload, at the end of the output
  * area. Its records are read in the detached array, or in the ring, their references taken
- * out as they are read. With `held` (the GIL held) strings the table lacks
- * are added to it: 0 done, -1 error. Without, it reads the records and the names table, nothing
- * else (no other call uses the table, see run_released()), and leaves a batch naming a
- * string the table lacks, or that has no room, to a call with the GIL: 0 done, 1 left. */
+ * out as they are read. With `held` (the GIL held) strings the table lacks are added to it:
+ * 0 done, -1 error. Without, it reads the records and the names table, nothing else (no
+ * other call uses the table, see run_released()), and leaves a batch naming a string the
+ * table lacks, or that has no room, to a call with the GIL: 0 done, 1 left. */
 static PASS int
 encode_batch(Fused *f, Encoded *e, int held)
 {
