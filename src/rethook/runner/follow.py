@@ -244,11 +244,9 @@ class Follow:
             names = self._names()
             if any(name.endswith(".dat") for name in names):
                 return  # a child still writing: its file stays readable
-            if not names and not os.path.isdir(self.rundir):
-                return  # never made: no program was started
             for name in names:
                 _unlink(os.path.join(self.rundir, name))
-            os.rmdir(self.rundir)
+            os.rmdir(self.rundir)  # (never made: FileNotFoundError, caught below)
         except OSError:
             pass
 
