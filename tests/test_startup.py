@@ -17,7 +17,8 @@ from pathlib import Path
 
 #: Loaded by the command line before it knows what to do (``--help``): nothing else of rethook.
 HELP_ALLOWED = ("rethook.cli", "rethook.tracers",  # the tracers' package: their names only
-                "rethook.limits", "rethook.printable", "rethook.gcpause")  # small, import nothing
+                "rethook.limits", "rethook.printable", "rethook.gcpause",  # small, import
+                "rethook.frozen")  # nothing of rethook's
 #: Never needed to record a trace without probes.
 NOT_FOR_RECORD = ("rethook.probes.events", "rethook.probes.fetch", "rethook.probes.evfilter",
                   "rethook.probes.hist", "rethook.probes.triggers", "rethook.probes.dynevent",
@@ -97,6 +98,14 @@ def test_record_loads_no_probes_or_text_views(tmp_path):
 def test_a_probe_loads_the_probe_machinery(tmp_path):
     mods = _record(tmp_path, "-p", "nop", "-e", "r:done __main__.main ret=$retval")
     assert _loaded(mods, PROBES) == sorted(PROBES)
+    assert "click" in mods  # -e is click's to parse (rethook.cli.quick declines it)
+
+
+def test_record_runs_without_click(tmp_path):
+    """A plain record is parsed by rethook.cli.quick: click (~1/3 of the start) is not loaded,
+    nor what it loads and rethook does not need."""
+    mods = _record(tmp_path, "-l", "*", "-O", "funcgraph-retval", "--max-graph-depth", "5")
+    assert _loaded(mods, ("click", "inspect", "difflib", "gettext")) == []
 
 
 def test_record_of_a_program_without_functions_scans_nothing(tmp_path):

@@ -3,11 +3,17 @@
 
 
 def entry() -> None:
-    """The console script ``rethook`` and ``python -m rethook``. Importing click and the
-    command line makes thousands of objects and no garbage, yet sets off several young
-    collections (~4 ms): the cyclic GC is paused while they are imported (rethook.gcpause)."""
-    from rethook import gcpause
+    """The console script ``rethook`` and ``python -m rethook``. A plain ``rethook record``
+    runs without click (:mod:`rethook.cli.quick`); everything else goes through click.
+    Importing click and the command line makes thousands of objects and no garbage, yet sets
+    off several young collections (~4 ms): the cyclic GC is paused while they are imported
+    (rethook.gcpause)."""
+    import sys
 
+    from rethook import gcpause
+    from rethook.cli import quick
+
+    quick.record(sys.argv[1:])  # returns if click must read the command line
     with gcpause.paused():
         from rethook.cli.main import main as run
     run()

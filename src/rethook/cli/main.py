@@ -14,14 +14,18 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING, Any, NoReturn
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import click
 
 import rethook
 from rethook import gcpause
+from rethook.cli import running
 from rethook.cli.args import (
     BLOCKING_OPTION,
+    OUTPUT_OPTION,
     ProgramCommand,
     attach_options,
     check_sort,
@@ -36,11 +40,6 @@ from rethook.printable import printable
 
 # Start-up: importing this module loads click and nothing else of weight (``rethook --help``
 # stays quick); each command imports what it uses when it runs. tests/test_startup.py checks.
-if TYPE_CHECKING:
-    from rethook.control.tracefs import Tracefs
-    from rethook.runner.follow import Follow
-    from rethook.runner.program import Outcome, Program
-    from rethook.runner.settings import TraceSettings
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -101,88 +100,18 @@ def cli() -> None:
 
 
 # --- running programs ------------------------------------------------------------------------
-def _program(ctx: click.Context, module: str | None, program: tuple[str, ...]) -> Program:
-    from rethook.runner.program import Program
-
-    if module is not None:
-        return Program(module=module, args=program)
-    if not program:
-        raise click.UsageError("missing program: give SCRIPT [ARGS]... or -m MODULE [ARGS]...",
-                               ctx)
-    return Program(script=program[0], args=program[1:])
-
-
-def _load(ctx: click.Context, program: Program) -> None:
-    from rethook.runner.program import ProgramError
-
+@contextmanager
+def _usage(ctx: click.Context) -> Iterator[None]:
+    """A :class:`running.Usage` error as click shows usage errors: with the command's usage."""
     try:
-        program.load()
-    except ProgramError as e:
+        yield
+    except running.Usage as e:
         raise click.UsageError(str(e), ctx) from None
-    except SyntaxError as e:
-        _syntax_error(e)
-
-
-def _syntax_error(e: SyntaxError) -> NoReturn:
-    """As python reports a script that does not compile: no traceback, status 1."""
-    e.__traceback__ = None
-    sys.excepthook(type(e), e, None)
-    sys.exit(1)
-
-
-def _prepare(ctx: click.Context, program: Program, settings: TraceSettings,
-             tracer: bool = True) -> tuple[Tracefs, list[str]]:
-    """Load the program, register its code, and configure a Tracefs for it (tracing off)."""
-    from rethook.control.tracefs import Tracefs
-    from rethook.engine import toolid
-    from rethook.runner.settings import SettingError, configure, register_program
-
-    try:
-        toolid.require_free()
-    except toolid.ToolIdError as e:  # another tool (a sitecustomize, a debugger) has them all
-        _stderr(f"rethook: error: {e}")
-        sys.exit(2)
-    _load(ctx, program)
-    fs = Tracefs()
-    register_program(fs, program)  # before the filters are written: -l names its functions
-    try:
-        filters = configure(fs, settings, program, tracer=tracer)
-    except SettingError as e:
-        fs.close()
-        raise click.UsageError(str(e), ctx) from None
-    return fs, filters
-
-
-def _exit(outcome: Outcome) -> NoReturn:
-    """Leave the way the program would have."""
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:  # noqa: BLE001 - a closed or broken stream: nothing left to say
-            pass
-    if outcome.interrupted and not outcome.in_child:
-        # Python ends a program killed by an uncaught KeyboardInterrupt with SIGINT itself, so
-        # the shell sees 130 and stops a script that ran it.
-        import signal  # (here: --help does without it, ~1 ms)
-
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGINT)
-    sys.exit(outcome.exit_code)
-
-
-def _stderr(text: str) -> None:
-    err = sys.__stderr__ or sys.stderr
-    try:
-        err.write(text + "\n")
-        err.flush()
-    except Exception:  # noqa: BLE001 - the program closed stderr: the summary is lost with it
-        pass
 
 
 @cli.command(cls=ProgramCommand, context_settings=CONTEXT)
 @trace_options()
-@click.option("-o", "output", default="trace.dat", show_default=True, metavar="FILE",
-              help="Write the trace to FILE.")
+@OUTPUT_OPTION
 @BLOCKING_OPTION
 @attach_options()
 @module_option
@@ -210,52 +139,8 @@ def record(ctx: click.Context, output: str, module: str | None, program: tuple[s
 
         sys.exit(record_running(pid, params["children"], settings_from(params), output,
                                 params["duration"]))
-    with gcpause.paused():  # rethook's set-up (run_main resumes it as the program starts)
-        prog = _program(ctx, module, program)
-        settings = settings_from(params)
-        outcome = _record(ctx, prog, settings, output)
-    _exit(outcome)
-
-
-def _record(ctx: click.Context, prog: Program, settings: TraceSettings, output: str) -> Outcome:
-    from rethook.engine.core import notrace
-    from rethook.runner.observers import Recorder, trace_meta
-    from rethook.runner.run import Session
-    from rethook.runner.settings import SettingError
-
-    fs, filters = _prepare(ctx, prog, settings)
-    try:
-        with notrace():  # rethook's own work: what it calls is not discovered for it
-            children = _follow("record", settings, filters, output)
-            sections = children.append_sections if children is not None else None
-            recorder = Recorder(output, trace_meta(fs, prog, filters, settings), sections,
-                                blocking_ms=settings.blocking_ms)
-    except OSError as e:
-        fs.close()
-        raise click.UsageError(f"-o {output!r}: cannot write: {e.strerror}", ctx) from None
-    try:
-        outcome = Session(prog, fs, children).run([recorder])
-    except SettingError as e:  # the recorder could not start: the program did not run
-        fs.close()
-        raise click.UsageError(str(e), ctx) from None
-    if not outcome.in_child and recorder.error is not None:
-        outcome.exit_code = outcome.exit_code or 1
-    return outcome
-
-
-def _follow(mode: str, settings: TraceSettings, filters: list[str],
-            output: str | None = None) -> Follow | None:
-    """The run's child processes (None with --no-follow): they trace what this one does.
-    The default filter goes to them resolved (the parent program's own modules), with the
-    names multiprocessing gives the parent's __main__ in spawned children."""
-    from rethook.runner.follow import Follow
-
-    if not settings.follow:
-        return None
-    chosen = list(filters) or list(settings.filters)
-    if not settings.filters:
-        chosen += [p for p in ("*:mod:__main__", "*:mod:__mp_main__") if p not in chosen]
-    return Follow.create(mode, settings.replace(filters=chosen), output)
+    with _usage(ctx):
+        running.record_program(module, program, lambda: settings_from(params), output)
 
 
 @cli.command(cls=ProgramCommand, context_settings=CONTEXT)
@@ -282,12 +167,13 @@ def stream(ctx: click.Context, module: str | None, program: tuple[str, ...],
     from rethook.runner.run import Session
 
     with gcpause.paused():  # rethook's set-up (run_main resumes it as the program starts)
-        prog = _program(ctx, module, program)
-        settings = settings_from(params)
-        fs, filters = _prepare(ctx, prog, settings)
-        children = _follow("stream", settings, filters)
+        with _usage(ctx):
+            prog = running.program_of(module, program)
+            settings = settings_from(params)
+            fs, filters = running.prepare(prog, settings)
+        children = running.follow("stream", settings, filters)
         outcome = Session(prog, fs, children).run([Streamer(sys.stdout, children)])
-    _exit(outcome)
+    running.exit_as(outcome)
 
 
 @cli.command(cls=ProgramCommand, context_settings=CONTEXT)
@@ -343,17 +229,18 @@ def profile(ctx: click.Context, module: str | None, program: tuple[str, ...],
     from rethook.runner.run import Session
 
     with gcpause.paused():  # rethook's set-up (run_main resumes it as the program starts)
-        prog = _program(ctx, module, program)
-        settings = settings_from(params, tracer="nop")
-        fs, filters = _prepare(ctx, prog, settings, tracer=False)
-        children = _follow("profile", settings, filters)
+        with _usage(ctx):
+            prog = running.program_of(module, program)
+            settings = settings_from(params, tracer="nop")
+            fs, filters = running.prepare(prog, settings, tracer=False)
+        children = running.follow("profile", settings, filters)
         graph_time = fs.ctx.options["graph-time"]
         outcome = Session(prog, fs, children).run(
             [ProfileObserver(children,
                              show=lambda tables, abrupt: show(tables, abrupt, graph_time))])
     if failed:
         outcome.exit_code = outcome.exit_code or 1
-    _exit(outcome)
+    running.exit_as(outcome)
 
 
 def _writable(path: str) -> bool:
@@ -384,12 +271,13 @@ def run(ctx: click.Context, no_follow: bool, module: str | None,
     from rethook.runner.run import Session
     from rethook.runner.settings import register_program
 
-    prog = _program(ctx, module, program)
-    _load(ctx, prog)
+    with _usage(ctx):
+        prog = running.program_of(module, program)
+        running.load(prog)
     fs = Tracefs()
     register_program(fs, prog)
     outcome = Session(prog, fs).run([ControlObserver(prog, follow_forks=not no_follow)])
-    _exit(outcome)
+    running.exit_as(outcome)
 
 
 @cli.command(context_settings={**CONTEXT, "ignore_unknown_options": True})
@@ -447,9 +335,10 @@ def demo(ctx: click.Context, output: str | None) -> None:
         tmpdir = tempfile.mkdtemp(prefix="rethook-demo-")
         output = os.path.join(tmpdir, "demo.dat")
     try:
-        outcome = _record(ctx, prog, settings, output)
+        with _usage(ctx):
+            outcome = running.record(prog, settings, output)
         if outcome.in_child:
-            _exit(outcome)
+            running.exit_as(outcome)
         sys.stdout.flush()
         click.echo()
         status = report_file(output, ())
@@ -597,7 +486,7 @@ def list_(ctx: click.Context, tracers: bool, options: bool, functions: str | Non
         except (ProgramError, listing.ListError) as e:
             raise click.UsageError(str(e), ctx) from None
         except SyntaxError as e:
-            _syntax_error(e)
+            running.syntax_error(e)
         if out:
             out.append("")
         out += map(printable, names)  # the program's names: escaped
