@@ -798,30 +798,6 @@ def test_prepared_writer_writes_the_same():
     assert finish(wa) == finish(wb)
 
 
-def test_an_unused_reservation_is_freed_before_the_last_calls(monkeypatch):
-    """unreserve_native (a recording's last rounds, its program over): what prepare_native
-    reserved goes if no call used it yet, and the file is the same; once a call paged it in,
-    it stays."""
-    freed = []
-    real = tracefile._tfenc.free_scratch
-    monkeypatch.setattr(tracefile._tfenc, "free_scratch", lambda: (freed.append(1), real())[1])
-    a, b, c = cring.Ring(128, TID), cring.Ring(128, TID), cring.Ring(128, TID)
-    write_records((a, b, c), [(2 + k % 2, k % 4, None, k % 9, 7, k, 0, 0, 0) for k in range(100)])
-    wa, wb, wc = new_writer(16), new_writer(16), new_writer(16)
-    wa.prepare_native(128)
-    wa.unreserve_native()
-    assert freed == [1]
-    wa.unreserve_native()  # once
-    assert freed == [1]
-    fused(wa, a)
-    tuple_path(wb, b)
-    wc.prepare_native(128)
-    fused(wc, c)
-    wc.unreserve_native()  # paged in by that call: kept
-    assert freed == [1]
-    assert finish(wa) == finish(wb) == finish(wc)
-
-
 def _unbuffered_pair(tmp_path):
     """Two rings holding the same 80 records, and two writers to unbuffered files: for the
     fused path and the tuple path, whose files must be the same bytes."""

@@ -1387,10 +1387,6 @@ typedef struct {
     int busy;          /* a call is using it (name_of, Python code, could make another) */
     unsigned busy_gen; /* fork_gen when busy was set (see scratch_in_use()) */
     int free_pending;  /* free_scratch() was called meanwhile: done when that call ends */
-    int unpaged;       /* reserve() made the areas: the next large call pages them in */
-    void *spare;       /* and the rings' spare array it had made (reserve()), or NULL */
-    size_t spare_bytes;
-    size_t out_usual;  /* how much of the output area a call usually writes (reserve()) */
 } Scratch;
 
 /* The module's state */
@@ -1476,39 +1472,6 @@ populate(void *p, size_t n)
     (void)n;
     return -1;
 #endif
-}
-
-/* Page [p, p + n) in for writing (the first call after reserve(), the GIL released):
- * populate(), or where the kernel cannot a write to each page (what they hold is lost: for
- * areas whose contents do not matter yet). */
-static void
-page_in(void *p, size_t n)
-{
-    if (populate(p, n) == 0)
-        return;
-    long ps = sysconf(_SC_PAGESIZE);
-    uintptr_t page = ps > 0 ? (uintptr_t)ps : 4096;
-    uintptr_t a = ((uintptr_t)p + page - 1) & ~(page - 1), e = ((uintptr_t)p + n) & ~(page - 1);
-    for (uintptr_t q = a; p != NULL && q < e; q += page)
-        *(volatile unsigned char *)q = 0;
-}
-
-/* The areas reserve() made, paged in: they are written on every call (the references to
- * drop rarely are; the output area only as far as a call's payloads usually take it, not
- * to the worst case it is sized for). The spare too: the ring it goes into is written by
- * the program's thread, which would otherwise fault its pages in (fresh memory costs ~2 us
- * a page on this VM); populate() only, which leaves what is there alone: a ring may hold
- * the spare already. */
-static void
-page_areas(void *arg)
-{
-    Scratch *sc = arg;
-    const Area *areas[] = {&sc->types, &sc->named, &sc->vals};
-    for (size_t i = 0; i < sizeof(areas) / sizeof(areas[0]); i++)
-        page_in(areas[i]->p, areas[i]->bytes);
-    page_in(sc->out.p, sc->out.bytes < sc->out_usual ? sc->out.bytes : sc->out_usual);
-    (void)populate(sc->spare, sc->spare_bytes);
-    sc->spare = NULL;
 }
 
 /* A record's names: the slots of its code and of a function record's parent (0, "", for the
@@ -2395,25 +2358,6 @@ check_left(Fused *f, const Encoded *enc, Py_ssize_t nenc)
     return 0;
 }
 
-/* Whether the array detached now is met for the first time (then it is paged in, without
- * the GIL: see detached_released()). The arrays met so far, by address: a ring's and the
- * spare take turns, so a recording meets one more than it has rings. With the GIL. */
-#define PAGED_MAX 16
-static void *paged_arrays[PAGED_MAX];
-static int npaged;
-
-static int
-first_detached(void *array)
-{
-    for (int i = 0; i < npaged; i++)
-        if (paged_arrays[i] == array)
-            return 0;
-    if (npaged == PAGED_MAX)
-        return 0; /* (a recording with more threads than this: left to the writers) */
-    paged_arrays[npaged++] = array;
-    return 1;
-}
-
 /* What the call does without the GIL (steps 1 and 2 above) */
 typedef struct {
     Fused *f;
@@ -2421,13 +2365,18 @@ typedef struct {
     Py_ssize_t nenc, n;
     Py_ssize_t named; /* records named so far (-1: one of an unknown type) */
     int counted;      /* count_detached() done */
-    int page;         /* the array is met first: paged in (first_detached()) */
+    rh_rec *ahead[2]; /* the part of the ring's new array its writers fill next (ahead_of()) */
+    size_t ahead_bytes[2];
 } Detached;
 
 static void
 detached_released(void *arg)
 {
     Detached *d = arg;
+    for (int i = 0; i < 2; i++) { /* first: the program's thread is writing there now */
+        (void)populate(d->ahead[i], d->ahead_bytes[i]);
+        d->ahead_bytes[i] = 0;
+    }
     if (d->named < d->n) {
         d->named = name_detached(d->f, d->named, d->n);
         if (d->named != d->n)
@@ -2440,13 +2389,27 @@ detached_released(void *arg)
         count_detached(d->f, d->n);
         d->counted = 1;
     }
-    /* An array met first was written only where its ring's records were: the rest would
-     * be paged in by the program's thread when it becomes a ring's array again (fresh
-     * memory costs ~2 us a page on this VM). Paged in here, what it holds kept. */
-    if (d->page) {
-        d->page = 0;
-        (void)populate(d->f->detached, (size_t)d->f->cap * sizeof(rh_rec));
-    }
+}
+
+/* The ring's new array, where its writers go on after a detach() that took n records: about
+ * as many records from its write position on (at least AHEAD_MIN), which the drain pages in
+ * (populate(), what is there kept) before the program's thread reaches them: fresh memory
+ * costs ~2 us a page on this VM, which the program would otherwise pay as it writes. Only
+ * that far: a short program pages in what it writes, not its rings' whole arrays. With the
+ * GIL, right after the detach. */
+#define AHEAD_MIN 4096
+static void
+ahead_of(const rh_ring *rg, uint64_t n, Detached *d)
+{
+    const uint64_t cap = rg->capacity, wpos = rg->wpos;
+    uint64_t want = n > AHEAD_MIN ? n : AHEAD_MIN;
+    if (want > cap)
+        want = cap;
+    const uint64_t first = want < cap - wpos ? want : cap - wpos;
+    d->ahead[0] = rg->recs + wpos;
+    d->ahead_bytes[0] = (size_t)first * sizeof(rh_rec);
+    d->ahead[1] = rg->recs;
+    d->ahead_bytes[1] = (size_t)(want - first) * sizeof(rh_rec);
 }
 
 /* The records of a detached array that need the tuple path: moved out of it into an array
@@ -2529,7 +2492,8 @@ encode_detached(Fused *f, const rh_cring_api *api, const rh_round_api *round, Py
     const Py_ssize_t strings_start = PyList_GET_SIZE(f->new_strings);
     const uint64_t table_start = (uint64_t)PyDict_GET_SIZE(f->strings);
     Detached d = {.f = f, .enc = enc, .nenc = split_batches(enc, n, batch, t.lost_before),
-                  .n = n, .page = first_detached(array)};
+                  .n = n};
+    ahead_of(rg, t.n, &d);
     gil_releases++; /* (a call, however many times it lets the GIL go) */
     run_released(f, round, detached_released, &d);
     if (d.named >= 0 && d.named < n) {
@@ -2650,13 +2614,6 @@ encode_ring(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     sc->busy = 1;
     sc->busy_gen = fork_gen;
     f.sc = sc;
-    if (sc->unpaged && rg->head - rg->floor >= NOGIL_MIN_RECORDS) {
-        /* what reserve() made, paged in by the drain rather than at start-up, and by the
-         * first large call: the small ones do not need it, and a program that ends before
-         * one (the last calls drain what it left) never pays for it */
-        sc->unpaged = 0;
-        without_gil(round, page_areas, sc);
-    }
     /* the names: the cache's (when a call in progress does not use it: name_of may make
      * this call), or a table of the call's own */
     Names own;
@@ -2738,9 +2695,9 @@ PyDoc_STRVAR(reserve_doc,
 \n\
 Make encode_ring()'s scratch memory ready for rings of up to `records` records and\n\
 batches of `batch`, and the rings' spare array: allocated now (MemoryError here, before\n\
-a recording starts), and paged in by the next encode_ring() of many records at once,\n\
-with the GIL released (the drain thread's, while the program runs), rather than page\n\
-by page while it encodes.");
+a recording starts). Their pages are met as they are used: the encoder's by the calls\n\
+that write them, a ring's array ahead of its writers by the call that detached the\n\
+array before it (see encode_ring()).");
 
 static PyObject *
 reserve(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
@@ -2774,12 +2731,8 @@ reserve(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     const rh_cring_api *api = cring_api();
     if (api == NULL)
         return NULL;
-    sc->spare = records > 0 ? api->reserve_spare((uint64_t)records) : NULL;
-    if (records > 0 && sc->spare == NULL)
+    if (records > 0 && api->reserve_spare((uint64_t)records) == NULL)
         return NULL;
-    sc->spare_bytes = (size_t)records * sizeof(rh_rec);
-    sc->out_usual = (size_t)(records + most) * OUT_USUAL;
-    sc->unpaged = 1; /* paged in by the next large call, with the GIL released */
     Py_RETURN_NONE;
 }
 

@@ -301,7 +301,6 @@ class TraceWriter:
         self._sections_lost = 0  # events the appended sections' LOST chunks count
         self._gathered: list[bytes] | None = None  # chunks held for one write (write_native)
         self._scratch_used = False  # the C encoder keeps memory for write_native
-        self._reserved = False  # prepare_native reserved it, no write_native has paged it in
         # write_native's names table, kept between its calls (_tfenc.NameCache): a code's name
         # is fixed for a recording, so name_of runs once per code, not once per code per round
         self._names: Any = None
@@ -438,7 +437,6 @@ class TraceWriter:
             return self.write_events(consumed_items(ring.consume(tid, name_of), tid))
         new_strings: list[str] = []
         self._scratch_used = True
-        self._reserved = False  # (this call, if large, pages it in)
         names = self._names
         if names is None:
             names = self._names = _tfenc.NameCache()
@@ -513,31 +511,17 @@ class TraceWriter:
     def prepare_native(self, records: int) -> None:
         """Get ready to :meth:`write_native` rings of up to ``records`` records: the memory
         the C encoder and the output buffer need, and the rings' spare array (the one a
-        ring gets when the encoder takes its array out), allocated now (MemoryError here) and
-        paged in rather than by the first calls (which, while a program fills the ring, is
-        when time matters). The C encoder's is paged in by its next call of many records,
-        with the GIL released (``_tfenc.reserve``): a recording's start-up does not wait for
-        it, nor the end of a program that never filled a quarter of a ring."""
+        ring gets when the encoder takes its array out), allocated now (MemoryError here, not
+        in the middle of a recording), not paged in: their pages are met as they are used,
+        a ring's array ahead of the program's writes (``_tfenc.reserve``)."""
         if not self._native_encodable():
             return
         records = max(0, int(records))
         _tfenc.reserve(records, self._batch)
         self._scratch_used = True  # close() frees what reserve() kept
-        self._reserved = True
         size = records * _OUT_BYTES_PER_RECORD
         if not self._writev and len(self._out) < size:
             self._out = bytearray(size)
-
-    def unreserve_native(self) -> None:
-        """Free what :meth:`prepare_native` reserved if no :meth:`write_native` has used it
-        yet. For the last calls of a recording, once its program has ended (nothing races
-        them then): they take only the memory their records need, where the first call
-        would page in the whole reservation (``rethook record`` of a program that ends before
-        the drain's first round, at the default ``-b``: ~20 MB, ~4,900 page faults, ~8 ms).
-        Memory already paged in is kept: the calls would page it in again."""
-        if self._reserved:
-            self._reserved = False
-            _tfenc.free_scratch()
 
     def _native_encodable(self) -> bool:
         """Whether write_native can encode records in C: the C encoder is built and formats

@@ -264,7 +264,6 @@ class Recorder(_Drain):
         if writer is None:  # never started (the process ended while it was starting)
             return
         try:
-            writer.unreserve_native()  # the program is over: no round races it now
             self._drain_rest()
             if self.error is None:
                 self._name_threads()
