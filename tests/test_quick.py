@@ -1,12 +1,13 @@
-"""rethook.cli.quick, record's parser without click: whatever it takes, click reads the same,
-and a command line runs the same whichever of the two parsed it.
+"""rethook.cli.quick, the parser of record, stream and profile without click: whatever it
+takes, click reads the same, and a command line runs the same whichever of the two parsed it.
 
-- a property test draws command lines from record's flags (known and unknown ones, values
-  good and bad, attached and separate, ``--``, ``-m``, program arguments that look like flags)
-  and checks that :func:`quick.parse` either declines or gives exactly click's parameters;
+- a property test draws command lines from the commands' flags (known and unknown ones,
+  values good and bad, attached and separate, ``--``, ``-m``, program arguments that look like
+  flags) and checks that :func:`quick.parse` either declines or gives exactly click's
+  parameters;
 - end to end, ``rethook record ...`` (the quick path where it can) and the same command given
   to click's ``main()`` directly print the same, write the same events and exit the same, for
-  good runs and for each kind of usage error.
+  good runs and for each kind of usage error; stream and profile print the same.
 """
 
 from __future__ import annotations
@@ -26,15 +27,13 @@ from hypothesis import strategies as st
 from rethook.cli import quick
 from rethook.cli.main import cli
 
-SUMMARY_PREFIX = "rethook: "
 
-
-def click_params(args: list[str]) -> dict[str, object] | None:
-    """What click's record command gets for ``args`` (None if click refuses them)."""
+def click_params(args: list[str], command: str = "record") -> dict[str, object] | None:
+    """What click's command gets for ``args`` (None if click refuses them)."""
     parent = click.Context(cli, info_name="rethook", **cli.context_settings)
-    cmd = cli.commands["record"]
+    cmd = cli.commands[command]
     try:
-        ctx = cmd.make_context("record", list(args), parent=parent)
+        ctx = cmd.make_context(command, list(args), parent=parent)
     except click.ClickException:
         return None
     except click.exceptions.Exit:  # --help
@@ -49,7 +48,8 @@ FLAG_NAMES = st.sampled_from(["-p", "-l", "-n", "-g", "--graph-notrace", "-O",
                               "--max-graph-depth", "--tracing-thresh", "-b", "--no-follow",
                               "--blocking-timeout", "-o", "-e", "-f", "-R", "-P",
                               "--children", "--duration", "-h", "--help", "--bogus", "-x",
-                              "--no-follo", "-graph-notrace", "--module"])
+                              "--no-follo", "-graph-notrace", "--module", "--sort",
+                              "--limit", "--per-process"])
 
 
 @st.composite
@@ -81,14 +81,14 @@ def command_lines(draw: st.DrawFn) -> list[str]:
     return args
 
 
-@given(command_lines())
-@settings(max_examples=400, deadline=None)
-def test_what_quick_takes_click_reads_the_same(args: list[str]) -> None:
-    parsed = quick.parse(args)
+@given(st.sampled_from(sorted(quick.FLAGS)), command_lines())
+@settings(max_examples=600, deadline=None)
+def test_what_quick_takes_click_reads_the_same(command: str, args: list[str]) -> None:
+    parsed = quick.parse(command, args)
     if parsed is None:
         return  # click reads it (and shows its errors and help)
     params, module, program = parsed
-    theirs = click_params(args)
+    theirs = click_params(args, command)
     assert theirs is not None, args
     assert theirs.pop("module") == module
     assert theirs.pop("program") == program
@@ -103,8 +103,12 @@ def test_quick_takes_the_usual_command_lines() -> None:
                  ["-p", "function", "-lmain", "-O", "funcgraph-retval", "-b", "1024",
                   "--max-graph-depth=3", "--no-follow", "-m", "pkg.tool", "-x"],
                  ["--blocking-timeout", "0", "--", "prog.py"]):
-        assert quick.parse(args) is not None, args
-    params, module, program = quick.parse(["-lmain", "-l", "x*", "-m", "pkg.tool", "-l", "y"])
+        assert quick.parse("record", args) is not None, args
+    assert quick.parse("stream", ["-l", "main", "-b", "64", "prog.py"]) is not None
+    assert quick.parse("profile", ["-l", "main", "-O", "nosleep-time", "prog.py"]) is not None
+    assert quick.parse("profile", ["--sort", "self", "prog.py"]) is None  # click's
+    params, module, program = quick.parse("record",
+                                          ["-lmain", "-l", "x*", "-m", "pkg.tool", "-l", "y"])
     assert params["filters"] == ("main", "x*") and module == "pkg.tool"
     assert program == ("-l", "y")
 
@@ -113,7 +117,7 @@ def test_a_flags_value_that_looks_like_a_probe_flag_is_a_value() -> None:
     """``-l -f``: a filter on the name '-f', not the -f of a probe event (click's path once
     took it for one; the property test above found it)."""
     assert click_params(["-l", "-f", "prog.py"])["filters"] == ("-f",)
-    assert quick.parse(["-l", "-f", "prog.py"])[0]["filters"] == ("-f",)
+    assert quick.parse("record", ["-l", "-f", "prog.py"])[0]["filters"] == ("-f",)
 
 
 # --- end to end: the quick path against click's -------------------------------------------
@@ -152,6 +156,11 @@ def _run(tmp_path: Path, via_click: bool, args: list[str]) -> subprocess.Complet
     ["record", "-o", "A.dat"],
     ["record", "-o", "A.dat", "-m", "no_such_module"],
     ["record", "-o", "no/such/dir/A.dat", "prog.py"],
+    ["stream", "-l", "work", "prog.py"],
+    ["stream", "-l", "no_such_function", "prog.py"],
+    ["profile", "prog.py", "x"],
+    ["profile", "-l", "work", "-O", "nograph-time", "prog.py"],
+    ["profile", "-o", "A.prof", "prog.py"],
 ], ids=" ".join)
 def test_the_quick_path_runs_as_click_does(tmp_path: Path, args: list[str]) -> None:
     (tmp_path / "prog.py").write_text(PROGRAM)
@@ -159,16 +168,18 @@ def test_the_quick_path_runs_as_click_does(tmp_path: Path, args: list[str]) -> N
     quick_file = tmp_path / "A.dat"
     quick_events = _events(tmp_path, quick_file)
     click_run = _run(tmp_path, True, args)
-    assert (quick_run.returncode, quick_run.stdout) == (click_run.returncode, click_run.stdout)
-    assert _without_summary(quick_run.stderr) == _without_summary(click_run.stderr)
+    assert quick_run.returncode == click_run.returncode
+    assert _stable(quick_run.stdout) == _stable(click_run.stdout)
+    assert _stable(quick_run.stderr) == _stable(click_run.stderr)
     assert "Traceback" not in quick_run.stderr
     assert quick_events == _events(tmp_path, quick_file)
 
 
-def _without_summary(stderr: str) -> list[str]:
-    """stderr but the summary's size and timing, which differ from run to run."""
-    return [line.split(" written to")[0] if line.startswith(SUMMARY_PREFIX) else line
-            for line in stderr.splitlines()]
+def _stable(text: str) -> list[str]:
+    """Output with what differs between two runs (times, sizes, addresses, thread ids) and
+    the column widths they make taken out."""
+    return [" ".join(TIMES.sub("N", VARYING.sub("", line)).split())
+            for line in text.splitlines()]
 
 
 def _events(tmp_path: Path, path: Path) -> list[str] | None:
@@ -185,3 +196,5 @@ def _events(tmp_path: Path, path: Path) -> list[str] | None:
 
 #: What differs between two runs of a program: objects' addresses, thread ids, timestamps.
 VARYING = re.compile(r"0x[0-9a-f]+|(?<=-)\d+(?= )|\d+\.\d{6}(?=:)")
+#: Durations, sizes and their units (stream's lines, profile's table, record's summary).
+TIMES = re.compile(r"\d+(\.\d+)?( ?[a-zA-Z]{1,2}\b)?")

@@ -15,6 +15,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 #: Loaded by the command line before it knows what to do (``--help``): nothing else of rethook.
 HELP_ALLOWED = ("rethook.cli", "rethook.tracers",  # the tracers' package: their names only
                 "rethook.limits", "rethook.printable", "rethook.gcpause",  # small, import
@@ -68,7 +70,7 @@ def test_help_loads_only_the_command_line():
     assert _loaded(_ours(mods), (*STDLIB_LATER, "rich", "signal")) == []  # (runs use signal)
 
 
-def _record(tmp_path: Path, *flags: str) -> set[str]:
+def _record(tmp_path: Path, *flags: str, command: str = "record") -> set[str]:
     prog = tmp_path / "prog.py"
     prog.write_text(textwrap.dedent("""
         import sys
@@ -80,11 +82,11 @@ def _record(tmp_path: Path, *flags: str) -> set[str]:
         main()
     """))
     seen = tmp_path / "modules.txt"
-    r = subprocess.run([sys.executable, "-m", "rethook", "record", *flags,
-                        "-o", str(tmp_path / "t.dat"), str(prog), str(seen)],
-                       capture_output=True, text=True, timeout=120)
+    out = ["-o", str(tmp_path / "t.dat")] if command == "record" else []
+    r = subprocess.run([sys.executable, "-m", "rethook", command, *flags, *out, str(prog),
+                        str(seen)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    assert "0 lost" in r.stderr
+    assert command == "profile" or "0 lost" in r.stderr
     return set(seen.read_text().split())
 
 
@@ -101,10 +103,15 @@ def test_a_probe_loads_the_probe_machinery(tmp_path):
     assert "click" in mods  # -e is click's to parse (rethook.cli.quick declines it)
 
 
-def test_record_runs_without_click(tmp_path):
-    """A plain record is parsed by rethook.cli.quick: click (~1/3 of the start) is not loaded,
-    nor what it loads and rethook does not need."""
-    mods = _record(tmp_path, "-l", "*", "-O", "funcgraph-retval", "--max-graph-depth", "5")
+@pytest.mark.parametrize("command, flags", [
+    ("record", ["-l", "*", "-O", "funcgraph-retval", "--max-graph-depth", "5"]),
+    ("stream", ["-l", "main"]),
+    ("profile", ["-l", "main", "-O", "nosleep-time"]),
+])
+def test_the_program_commands_run_without_click(tmp_path, command, flags):
+    """A plain record, stream or profile is parsed by rethook.cli.quick: click (~1/3 of the
+    start) is not loaded, nor what it loads and rethook does not need."""
+    mods = _record(tmp_path, *flags, command=command)
     assert _loaded(mods, ("click", "inspect", "difflib", "gettext")) == []
 
 

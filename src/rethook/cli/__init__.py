@@ -3,8 +3,9 @@
 
 
 def entry() -> None:
-    """The console script ``rethook`` and ``python -m rethook``. A plain ``rethook record``
-    runs without click (:mod:`rethook.cli.quick`); everything else goes through click.
+    """The console script ``rethook`` and ``python -m rethook``. A plain ``rethook record``,
+    ``stream`` or ``profile`` runs without click (:mod:`rethook.cli.quick`); everything
+    else goes through click.
     Importing click and the command line makes thousands of objects and no garbage, yet sets
     off several young collections (~4 ms): the cyclic GC is paused while they are imported
     (rethook.gcpause)."""
@@ -13,7 +14,7 @@ def entry() -> None:
     from rethook import gcpause
     from rethook.cli import quick
 
-    quick.record(sys.argv[1:])  # returns if click must read the command line
+    quick.run(sys.argv[1:])  # returns if click must read the command line
     with gcpause.paused():
         from rethook.cli.main import main as run
     run()

@@ -21,7 +21,6 @@ from typing import Any
 import click
 
 import rethook
-from rethook import gcpause
 from rethook.cli import running
 from rethook.cli.args import (
     BLOCKING_OPTION,
@@ -162,18 +161,8 @@ def stream(ctx: click.Context, module: str | None, program: tuple[str, ...],
         from rethook.cli.ctl import stream_running
 
         sys.exit(stream_running(pid, params["children"], settings_from(params)))
-
-    from rethook.runner.observers import Streamer
-    from rethook.runner.run import Session
-
-    with gcpause.paused():  # rethook's set-up (run_main resumes it as the program starts)
-        with _usage(ctx):
-            prog = running.program_of(module, program)
-            settings = settings_from(params)
-            fs, filters = running.prepare(prog, settings)
-        children = running.follow("stream", settings, filters)
-        outcome = Session(prog, fs, children).run([Streamer(sys.stdout, children)])
-    running.exit_as(outcome)
+    with _usage(ctx):
+        running.stream_program(module, program, lambda: settings_from(params))
 
 
 @cli.command(cls=ProgramCommand, context_settings=CONTEXT)
@@ -206,41 +195,19 @@ def profile(ctx: click.Context, module: str | None, program: tuple[str, ...],
     generators and coroutines spent suspended. With -o FILE the profile goes to a pstats file
     instead. With -P PID, a running process, until Ctrl-C or --duration.
     """
-    from rethook.cli.summaries import show_profile
-
     if output is not None and not _writable(output):
         raise click.UsageError(f"-o {output!r}: cannot write there", ctx)
-    failed = []
-
-    def show(tables: list[tuple[int, list[Any]]], abrupt: bool, graph_time: bool) -> None:
-        if not show_profile(tables, output=output, sort=sort, limit=limit,
-                            graph_time=graph_time, per_process=per_process, abrupt=abrupt):
-            failed.append(output)
-
+    show = running.ProfileShow(per_process, sort, limit, output)
     pid = running_target(ctx, params, module, program)
     if pid is not None:
         from rethook.cli.ctl import profile_running
 
         status = profile_running(pid, params["children"], settings_from(params, tracer="nop"),
                                  params["duration"], show)
-        sys.exit(status or (1 if failed else 0))
-
-    from rethook.runner.observers import ProfileObserver
-    from rethook.runner.run import Session
-
-    with gcpause.paused():  # rethook's set-up (run_main resumes it as the program starts)
-        with _usage(ctx):
-            prog = running.program_of(module, program)
-            settings = settings_from(params, tracer="nop")
-            fs, filters = running.prepare(prog, settings, tracer=False)
-        children = running.follow("profile", settings, filters)
-        graph_time = fs.ctx.options["graph-time"]
-        outcome = Session(prog, fs, children).run(
-            [ProfileObserver(children,
-                             show=lambda tables, abrupt: show(tables, abrupt, graph_time))])
-    if failed:
-        outcome.exit_code = outcome.exit_code or 1
-    running.exit_as(outcome)
+        sys.exit(status or (1 if show.failed else 0))
+    with _usage(ctx):
+        running.profile_program(module, program, lambda: settings_from(params, tracer="nop"),
+                                show)
 
 
 def _writable(path: str) -> bool:

@@ -1,10 +1,10 @@
-"""``rethook record PROGRAM`` without click: the command line's most common use, started ~1/3
-sooner.
+"""``rethook record|stream|profile PROGRAM`` without click: the command line's most common uses,
+started ~1/3 sooner.
 
 Importing click (and the ``inspect``, ``typing``, ``gettext`` and ``difflib`` it loads) takes
 about as long as the rest of a recording's start. :func:`parse` reads the flags of
-:mod:`rethook.cli.options`' table, the same table record's click options are made from, and
-takes only what it is sure of: the trace flags, ``-o``, ``--blocking-timeout``, ``-m`` and the
+:mod:`rethook.cli.options`' table, the same table the commands' click options are made from,
+and takes only what it is sure of: the command's trace flags (:data:`FLAGS`), ``-m`` and the
 program. Anything else (``-h``, ``-P``, the probe events' ``-e``/``-f``/``-R``, a flag it does
 not know, a missing value, a value that does not convert, shell completion) makes it return
 None, and click parses the whole command line as before: every help text and every parse
@@ -25,6 +25,7 @@ from rethook.cli.options import (
     MANY,
     MODULE,
     OUTPUT,
+    PROFILE_FLAGS,
     SWITCH,
     TRACE_FLAGS,
     split_program_args,
@@ -33,21 +34,25 @@ from rethook.cli.options import (
 if TYPE_CHECKING:
     from rethook.cli.options import Flag
 
-#: record's flags that this parser reads (besides -m).
-RECORD_FLAGS = (*TRACE_FLAGS, OUTPUT, BLOCKING)
+#: The flags this parser reads for each command (besides -m): record's and stream's trace
+#: flags (record's -o and --blocking-timeout too), profile's filters and -O. profile's own
+#: (-o, --sort, --limit, --per-process) are click's.
+FLAGS: dict[str, tuple[Flag, ...]] = {"record": (*TRACE_FLAGS, OUTPUT, BLOCKING),
+                                      "stream": TRACE_FLAGS, "profile": PROFILE_FLAGS}
 #: click's shell completion runs when this is set: its own business.
 COMPLETE_VAR = "_RETHOOK_COMPLETE"
 
-_BY_NAME = {decl: flag for flag in (*RECORD_FLAGS, MODULE) for decl in flag.decls}
-_TAKES_VALUE = {decl for flag in (*RECORD_FLAGS, MODULE) if flag.takes != SWITCH
-                for decl in flag.decls}
 
-
-def parse(args: list[str]) -> tuple[dict[str, Any], str | None, tuple[str, ...]] | None:
-    """record's arguments (after ``record``) as (parameters by name, -m's module, the program
-    and its arguments), or None if click must read them."""
-    own, program = split_program_args(list(args), _TAKES_VALUE)
-    params: dict[str, Any] = {flag.dest: flag.default for flag in RECORD_FLAGS}
+def parse(command: str, args: list[str]
+          ) -> tuple[dict[str, Any], str | None, tuple[str, ...]] | None:
+    """The arguments after ``rethook COMMAND`` as (parameters by name, -m's module, the
+    program and its arguments), or None if click must read them."""
+    flags = FLAGS[command]
+    by_name = {decl: flag for flag in (*flags, MODULE) for decl in flag.decls}
+    takes_value = {decl for flag in (*flags, MODULE) if flag.takes != SWITCH
+                   for decl in flag.decls}
+    own, program = split_program_args(list(args), takes_value)
+    params: dict[str, Any] = {flag.dest: flag.default for flag in flags}
     many: dict[str, list[Any]] = {}
     i = 0
     while i < len(own):
@@ -59,7 +64,7 @@ def parse(args: list[str]) -> tuple[dict[str, Any], str | None, tuple[str, ...]]
         else:  # -x or -xVALUE (split_program_args leaves no positional argument here)
             name, value = arg[:2], arg[2:]
             attached = bool(value)
-        flag: Flag | None = _BY_NAME.get(name)
+        flag: Flag | None = by_name.get(name)
         if flag is None:
             return None
         if flag.takes == SWITCH:
@@ -85,20 +90,29 @@ def parse(args: list[str]) -> tuple[dict[str, Any], str | None, tuple[str, ...]]
     return params, module, tuple(program)
 
 
-def record(argv: list[str]) -> None:
-    """Run ``rethook ARGV`` if it is a record this parser can read (it then exits as the
+def run(argv: list[str]) -> None:
+    """Run ``rethook ARGV`` if it is a command this parser can read (it then exits as the
     program did); return if click must."""
-    if not argv or argv[0] != "record" or os.environ.get(COMPLETE_VAR):
+    if not argv or argv[0] not in FLAGS or os.environ.get(COMPLETE_VAR):
         return
-    parsed = parse(argv[1:])
+    command = argv[0]
+    parsed = parse(command, argv[1:])
     if parsed is None:
         return
     params, module, program = parsed
-    output = params.pop(OUTPUT.dest)
     try:
-        running.record_program(module, program, lambda: options.settings_from(params), output)
+        if command == "record":
+            output = params.pop(OUTPUT.dest)
+            running.record_program(module, program, lambda: options.settings_from(params),
+                                   output)
+        elif command == "stream":
+            running.stream_program(module, program, lambda: options.settings_from(params))
+        else:
+            running.profile_program(module, program,
+                                    lambda: options.settings_from(params, tracer="nop"),
+                                    running.ProfileShow())
     except running.Usage as e:
-        _usage_error("record", str(e))
+        _usage_error(command, str(e))
     except (EOFError, KeyboardInterrupt):  # rethook's own set-up or finish: as click ends it
         running.stderr("\nAborted!")
         sys.exit(1)

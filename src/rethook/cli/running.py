@@ -1,7 +1,8 @@
 """The work of the commands that run a program, apart from how their arguments were parsed.
 
 ``record``, ``stream``, ``profile``, ``run`` and ``demo`` (:mod:`rethook.cli.main`, click) and
-the quick ``record`` (:mod:`rethook.cli.quick`, no click) share these steps: make the
+the quick ``record``, ``stream`` and ``profile`` (:mod:`rethook.cli.quick`, no click) share
+these steps: make the
 :class:`~rethook.runner.program.Program`, load it, configure a Tracefs for it, follow its
 children, run it, and leave the way it would have. A usage error found on the way (no such
 script, a filter that matches nothing) is raised as :class:`Usage`, which each parser shows
@@ -15,7 +16,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from rethook import gcpause
 
@@ -142,6 +143,60 @@ def record_program(module: str | None, program: tuple[str, ...] | list[str],
     with gcpause.paused():  # rethook's set-up (run_main resumes it as the program starts)
         prog = program_of(module, program)
         outcome = record(prog, settings(), output)
+    exit_as(outcome)
+
+
+def stream_program(module: str | None, program: tuple[str, ...] | list[str],
+                   settings: Callable[[], TraceSettings]) -> NoReturn:
+    """``rethook stream [FLAGS] PROGRAM``: its events printed as they happen."""
+    from rethook.runner.observers import Streamer
+    from rethook.runner.run import Session
+
+    with gcpause.paused():  # rethook's set-up (run_main resumes it as the program starts)
+        prog = program_of(module, program)
+        chosen = settings()
+        fs, filters = prepare(prog, chosen)
+        children = follow("stream", chosen, filters)
+        outcome = Session(prog, fs, children).run([Streamer(sys.stdout, children)])
+    exit_as(outcome)
+
+
+class ProfileShow:
+    """How ``rethook profile`` shows its tables (``per_process``, ``sort``, ``limit``, the
+    pstats file ``output``); ``failed`` once the file could not be written."""
+
+    def __init__(self, per_process: bool = False, sort: str | None = None,
+                 limit: int | None = None, output: str | None = None) -> None:
+        self.per_process, self.sort, self.limit, self.output = per_process, sort, limit, output
+        self.failed = False
+
+    def __call__(self, tables: list[tuple[int, list[Any]]], abrupt: bool,
+                 graph_time: bool) -> None:
+        from rethook.cli.summaries import show_profile
+
+        if not show_profile(tables, output=self.output, sort=self.sort, limit=self.limit,
+                            graph_time=graph_time, per_process=self.per_process,
+                            abrupt=abrupt):
+            self.failed = True
+
+
+def profile_program(module: str | None, program: tuple[str, ...] | list[str],
+                    settings: Callable[[], TraceSettings], show: ProfileShow) -> NoReturn:
+    """``rethook profile [FLAGS] PROGRAM``: the function profiler's table at the end."""
+    from rethook.runner.observers import ProfileObserver
+    from rethook.runner.run import Session
+
+    with gcpause.paused():  # rethook's set-up (run_main resumes it as the program starts)
+        prog = program_of(module, program)
+        chosen = settings()
+        fs, filters = prepare(prog, chosen, tracer=False)
+        children = follow("profile", chosen, filters)
+        graph_time = fs.ctx.options["graph-time"]
+        outcome = Session(prog, fs, children).run(
+            [ProfileObserver(children,
+                             show=lambda tables, abrupt: show(tables, abrupt, graph_time))])
+    if show.failed:
+        outcome.exit_code = outcome.exit_code or 1
     exit_as(outcome)
 
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from types import CodeType, FrameType
 from typing import Any
 
@@ -37,32 +36,60 @@ from rethook.tracers.base import TraceContext
 from rethook.tracers.native import GRAPH_HANDLERS, install_handlers, native_unavailable, native_user
 
 
-@dataclass
-class CallerStat:
+class _Stat:
+    """Mutable records compared and shown field by field (their ``__slots__``), as the
+    dataclasses they stand in for would be (dataclasses imports inspect: ~10 ms of
+    ``rethook profile``'s start)."""
+
+    __slots__ = ()
+
+    def _values(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, name) for name in self.__slots__)
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self._values() == other._values()  # type: ignore[attr-defined]
+
+    __hash__ = None  # type: ignore[assignment]  # (mutable)
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)
+        return f"{type(self).__name__}({fields})"
+
+
+class CallerStat(_Stat):
     """Calls of a function from one caller (a pstats ``callers`` entry)."""
 
-    hit: int = 0
-    prim: int = 0
-    total_ns: int = 0
-    self_ns: int = 0
+    __slots__ = ("hit", "prim", "total_ns", "self_ns")
+
+    def __init__(self, hit: int = 0, prim: int = 0, total_ns: int = 0,
+                 self_ns: int = 0) -> None:
+        self.hit, self.prim, self.total_ns, self.self_ns = hit, prim, total_ns, self_ns
 
 
-@dataclass
-class FunctionStat:
+class FunctionStat(_Stat):
     """One function's line of the profile (``trace_stat/function*`` has the kernel's columns:
-    name, hit, time_ns, time_sq)."""
+    name, hit, time_ns, time_sq).
 
-    name: str
-    hit: int = 0
-    time_ns: int = 0  # the kernel's Time: inclusive with graph-time on, self time with it off
-    time_sq: int = 0  # sum of squared Times, for s^2
-    prim: int = 0  # hits with no other call of the function on the thread's stack
-    total_ns: int = 0  # inclusive time of the prim calls (recursion not counted twice)
-    self_ns: int = 0  # time minus the children's
-    file: str = ""  # where the function is defined ("" if not known)
-    line: int = 0
-    func: str = ""  # its qualified name within the module
-    callers: dict[str, CallerStat] = field(default_factory=dict)  # caller's name -> its calls
+    ``time_ns``: the kernel's Time, inclusive with graph-time on, self time with it off;
+    ``time_sq``: the sum of squared Times, for s^2; ``prim``: hits with no other call of the
+    function on the thread's stack; ``total_ns``: inclusive time of the prim calls (recursion
+    not counted twice); ``self_ns``: time minus the children's; ``file`` and ``line``: where
+    the function is defined ("" if not known); ``func``: its qualified name within the
+    module; ``callers``: the caller's name -> its calls."""
+
+    __slots__ = ("name", "hit", "time_ns", "time_sq", "prim", "total_ns", "self_ns", "file",
+                 "line", "func", "callers")
+
+    def __init__(self, name: str, hit: int = 0, time_ns: int = 0, time_sq: int = 0,
+                 prim: int = 0, total_ns: int = 0, self_ns: int = 0, file: str = "",
+                 line: int = 0, func: str = "",
+                 callers: dict[str, CallerStat] | None = None) -> None:
+        self.name, self.hit, self.time_ns, self.time_sq = name, hit, time_ns, time_sq
+        self.prim, self.total_ns, self.self_ns = prim, total_ns, self_ns
+        self.file, self.line, self.func = file, line, func
+        self.callers: dict[str, CallerStat] = {} if callers is None else callers
 
     @property
     def avg_ns(self) -> float:
