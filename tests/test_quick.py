@@ -148,7 +148,8 @@ def _run(tmp_path: Path, via_click: bool, args: list[str]) -> subprocess.Complet
 
 @pytest.mark.parametrize("args", [
     ["record", "-o", "A.dat", "prog.py", "-l", "--flag"],
-    ["record", "-l", "*", "-O", "funcgraph-retval", "-o", "A.dat", "prog.py"],
+    ["record", "-l", "*", "-o", "A.dat", "prog.py"],
+    ["record", "-l", "main", "-l", "work", "-O", "funcgraph-retval", "-o", "A.dat", "prog.py"],
     ["record", "-p", "function", "-l", "work", "--no-follow", "-o", "A.dat", "prog.py"],
     ["record", "-o", "A.dat", "missing.py"],
     ["record", "-l", "no_such_function", "-o", "A.dat", "prog.py"],
