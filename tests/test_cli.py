@@ -500,11 +500,15 @@ os.waitpid(pid, 0)
 """
 
 
-def test_stream_prints_every_event_of_a_storm(tmp_path: Path) -> None:
+def test_stream_prints_every_event_of_a_storm(tmp_path: Path, monkeypatch) -> None:
     """21,891 calls, each one line of the function tracer (fewer than a thread's ring holds,
     so none may be lost whatever the machine's speed), then a fork child's 15: all printed
-    by the printer process, and its temporary files gone."""
+    by the printer process, and its temporary files gone (the run's directory too, which
+    held the child's trace file: it once stayed in /tmp, with the file)."""
     (tmp_path / "storm.py").write_text(STORM)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
     r = rethook("stream", "-p", "function", "-l", "fib", "storm.py", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
@@ -515,6 +519,7 @@ def test_stream_prints_every_event_of_a_storm(tmp_path: Path) -> None:
     rest, summary = strip_summary(r.stderr)
     assert rest == "" and summary[0] == "rethook: 21,891 events (0 lost) streamed\n"
     assert not list(tmp_path.glob("*.stream")) and not list(tmp_path.glob("*.procs"))
+    assert list(tmp.iterdir()) == []
 
 
 # --- profile ------------------------------------------------------------------------------------
@@ -537,6 +542,21 @@ def test_profile_hit_counts() -> None:
     self_time = rethook("profile", "-O", "nograph-time", "-l", "fib", "profiled.py")
     assert self_time.returncode == 0, self_time.stderr
     assert profile_hits(self_time.stdout) == {"__main__.fib": 177}
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_profile_follows_a_fork_and_leaves_no_files(tmp_path: Path, monkeypatch) -> None:
+    """The fork child's calls are in the table; the run's temporary directory (made only
+    when the program forks) is gone at the end."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    plain = run("forking.py")
+    r = rethook("profile", "forking.py")
+    assert r.returncode == plain.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[:2] == plain.stdout.splitlines()
+    assert profile_hits(r.stdout) == {"__main__.parent": 1, "__main__.child": 1}
+    assert list(tmp.iterdir()) == []
 
 
 # --- list ---------------------------------------------------------------------------------------

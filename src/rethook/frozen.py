@@ -1,4 +1,5 @@
-"""Small immutable records, made without dataclasses' start-up cost.
+"""Small records, made without dataclasses' start-up cost: immutable (:class:`Frozen`) and
+mutable (:class:`Fields`).
 
 ``@dataclass(frozen=True, slots=True)`` writes its methods as source text and compiles them
 when the class is created: ~1 ms of every start-up per class (and importing dataclasses),
@@ -63,3 +64,25 @@ class Frozen:
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         return type(self), tuple(getattr(self, name) for name in self._fields)
+
+
+class Fields:
+    """Base of a mutable record whose fields are its ``__slots__``, set by an ``__init__`` of
+    its own: what a plain ``@dataclass`` gave it, ``repr`` and ``==`` over every field (with
+    instances of the very same class only) and no hash."""
+
+    __slots__ = ()
+
+    def _values(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, name) for name in self.__slots__)
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self._values() == other._values()  # type: ignore[attr-defined]
+
+    __hash__ = None  # type: ignore[assignment]  # (mutable)
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)
+        return f"{type(self).__qualname__}({fields})"

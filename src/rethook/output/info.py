@@ -14,11 +14,11 @@ META ``functions``) and the name of a thread's root frame in per-thread stacks
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from typing import Any
 
 from rethook.buffer.events import Lost
 from rethook.buffer.tracefile import TraceReader
+from rethook.frozen import Fields, Frozen
 
 
 def trace_pid(meta: dict[str, Any], threads: dict[int, str]) -> int:
@@ -38,13 +38,15 @@ def thread_frame(name: str, pid: int, tid: int) -> str:
     return f"{name}-{pid}/{tid}"
 
 
-@dataclass(frozen=True)
-class Location:
+class Location(Frozen):
     """Where a function is defined."""
 
-    file: str
-    line: int
-    qualname: str
+    __slots__ = ("file", "line", "qualname")
+
+    def __init__(self, file: str, line: int, qualname: str) -> None:
+        object.__setattr__(self, "file", file)
+        object.__setattr__(self, "line", line)
+        object.__setattr__(self, "qualname", qualname)
 
 
 def function_locations(meta: dict[str, Any]) -> dict[str, Location]:
@@ -61,33 +63,40 @@ def function_locations(meta: dict[str, Any]) -> dict[str, Location]:
     return out
 
 
-@dataclass
-class ThreadInfo:
-    tid: int
-    name: str
-    pid: int = 0  # the process the thread belongs to
-    events: int = 0
-    lost: int = 0  # events dropped, as the LOST markers in the file count them
-    first_ns: int | None = None
-    last_ns: int | None = None
+class ThreadInfo(Fields):
+    """One thread of a trace: ``pid`` the process it belongs to, ``lost`` the events
+    dropped (as the LOST markers in the file count them), its first and last timestamps."""
+
+    __slots__ = ("tid", "name", "pid", "events", "lost", "first_ns", "last_ns")
+
+    def __init__(self, tid: int, name: str, pid: int = 0, events: int = 0, lost: int = 0,
+                 first_ns: int | None = None, last_ns: int | None = None) -> None:
+        self.tid, self.name, self.pid, self.events, self.lost = tid, name, pid, events, lost
+        self.first_ns, self.last_ns = first_ns, last_ns
 
 
-@dataclass
-class TraceInfo:
-    """One trace file, summarised."""
+class TraceInfo(Fields):
+    """One trace file, summarised: ``complete`` if the file ends with its END chunk,
+    ``damage`` what stopped the reading (a damaged file), ``stats`` the STAT chunk's counts,
+    ``processes`` every process by pid (the recording one first), as TraceReader.processes
+    gives them."""
 
-    path: str
-    size: int
-    version: tuple[int, int]
-    complete: bool  # the file ends with its END chunk
-    damage: str | None  # what stopped the reading, if the file is damaged
-    meta: dict[str, Any]
-    pid: int
-    threads: dict[int, ThreadInfo] = field(default_factory=dict)
-    events_by_format: dict[str, int] = field(default_factory=dict)
-    stats: dict[int, dict[str, Any]] = field(default_factory=dict)  # the STAT chunk's counts
-    #: Every process by pid (the recording one first), as TraceReader.processes gives them.
-    processes: dict[int, dict[str, Any]] = field(default_factory=dict)
+    __slots__ = ("path", "size", "version", "complete", "damage", "meta", "pid", "threads",
+                 "events_by_format", "stats", "processes")
+
+    def __init__(self, path: str, size: int, version: tuple[int, int], complete: bool,
+                 damage: str | None, meta: dict[str, Any], pid: int,
+                 threads: dict[int, ThreadInfo] | None = None,
+                 events_by_format: dict[str, int] | None = None,
+                 stats: dict[int, dict[str, Any]] | None = None,
+                 processes: dict[int, dict[str, Any]] | None = None) -> None:
+        self.path, self.size, self.version, self.complete = path, size, version, complete
+        self.damage, self.meta, self.pid = damage, meta, pid
+        self.threads: dict[int, ThreadInfo] = threads if threads is not None else {}
+        self.events_by_format: dict[str, int] = (events_by_format
+                                                 if events_by_format is not None else {})
+        self.stats: dict[int, dict[str, Any]] = stats if stats is not None else {}
+        self.processes: dict[int, dict[str, Any]] = processes if processes is not None else {}
 
     @property
     def events(self) -> int:

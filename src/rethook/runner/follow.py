@@ -4,7 +4,8 @@ settings, and the run ends with one result (docs/cli.md, "Child processes").
 A run that follows has a directory of its own (:class:`Follow`): next to the output file
 (``trace.dat.procs/``) for ``record``, made when the program first starts or forks another
 (most start none, and making and removing it costs a few ms on a file system that discards
-freed blocks), a temporary one for ``stream`` and ``profile``. Every process but the first
+freed blocks), a temporary one for ``stream`` (at once: its printer reads it) and ``profile``
+(when first needed, as for ``record``). Every process but the first
 writes its results there, as it runs:
 
 * a fork child (``os.fork``, multiprocessing's fork and forkserver workers,
@@ -38,7 +39,7 @@ import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from rethook.buffer.tracefile import TraceTail, TraceWriter, iter_chunks
+from rethook.buffer.tracefile import TAG_END, TraceTail, TraceWriter, iter_chunks
 from rethook.runner.settings import TraceSettings
 
 #: What the start-up hook is told, in the environment of a program the run starts.
@@ -82,12 +83,8 @@ class Follow:
                     os.unlink(os.path.join(rundir, name))
                 os.rmdir(rundir)
             follow = cls(rundir, mode, settings, os.getpid(), False)
-        else:
-            import tempfile  # stream and profile only (start-up: test_startup)
-
-            follow = cls(tempfile.mkdtemp(prefix="rethook-run-"), mode, settings, os.getpid(),
-                         True)
-            follow.make()
+        else:  # stream and profile: a temporary directory, named when it is made
+            follow = cls("", mode, settings, os.getpid(), True)
         return follow
 
     @classmethod
@@ -105,6 +102,10 @@ class Follow:
         written whole or not at all: a child of another process may make them too."""
         if self._made:
             return
+        if not self.rundir:  # a temporary one
+            import tempfile  # (start-up: test_startup)
+
+            self.rundir = tempfile.mkdtemp(prefix="rethook-run-")
         os.makedirs(self.rundir, exist_ok=True)
         path = os.path.join(self.rundir, _SETTINGS)
         part = f"{path}.{os.getpid()}"
@@ -116,6 +117,8 @@ class Follow:
 
     def _names(self) -> list[str]:
         """The files in the run's directory (none if it was never made)."""
+        if not self.rundir:
+            return []
         try:
             return os.listdir(self.rundir)
         except FileNotFoundError:
@@ -174,7 +177,7 @@ class Follow:
                 continue
             info = {"pid": pid, "ppid": meta.get("ppid"), "how": meta.get("how", "?"),
                     "argv": meta.get("argv", [])}
-            complete = any(tag == b"END " for tag, _ in iter_chunks(path))
+            complete = _complete(path)
             if not complete:
                 if _exec_note(path):
                     info["note"] = "replaced itself by exec"
@@ -227,7 +230,9 @@ class Follow:
         return lines
 
     def _ledger(self) -> list[dict[str, Any]]:
-        entries = []
+        entries: list[dict[str, Any]] = []
+        if not self.rundir:
+            return entries
         text = _read(os.path.join(self.rundir, _LEDGER))
         for line in text.splitlines():
             try:
@@ -236,14 +241,20 @@ class Follow:
                 continue
         return entries
 
+    def _done_with(self, name: str) -> bool:
+        """Whether a process's trace file left in the run's directory at the end is of no
+        more use: stream printed it, once it was complete (record merged and removed the
+        ones it could: the rest stay)."""
+        return self.mode == "stream" and _complete(os.path.join(self.rundir, name))
+
     def finish(self, keep: bool = False) -> None:
         """Remove the run's directory, unless something in it is still useful."""
-        if keep:
+        if keep or not self.rundir:
             return
         try:
             names = self._names()
-            if any(name.endswith(".dat") for name in names):
-                return  # a child still writing: its file stays readable
+            if any(name.endswith(".dat") and not self._done_with(name) for name in names):
+                return  # a child still writing, or a file not merged: it stays readable
             for name in names:
                 _unlink(os.path.join(self.rundir, name))
             os.rmdir(self.rundir)  # (never made: FileNotFoundError, caught below)
@@ -254,7 +265,7 @@ class Follow:
     def tails(self, known: dict[str, TraceTail]) -> Iterator[tuple[int, TraceTail]]:
         """Every child trace file as a :class:`TraceTail` (new ones added to ``known``)."""
         try:
-            names = sorted(os.listdir(self.rundir))
+            names = sorted(os.listdir(self.rundir)) if self.rundir else []
         except OSError:
             return
         for name in names:
@@ -461,6 +472,12 @@ def multiprocessing_helper(argv: list[str]) -> str | None:
         if command.startswith(f"from {module} import main"):
             return what
     return None
+
+
+def _complete(path: str) -> bool:
+    """Whether a process's trace file is finished (its END chunk written): what is left of
+    it once its events are in the run's result (record: appended; stream: printed)."""
+    return any(tag == TAG_END for tag, _ in iter_chunks(path))
 
 
 def _note_untraced(rundir: str, reason: str) -> None:

@@ -357,6 +357,7 @@ class Streamer(Recorder):
 
     def __init__(self, out: IO[str] | None = None, children: Any = None) -> None:
         if children is not None:  # the run's directory (not a .dat: not a child's trace)
+            children.make()
             path = os.path.join(children.rundir, f"{os.getpid()}.stream")
         else:
             import tempfile

@@ -32,33 +32,12 @@ from types import CodeType, FrameType
 from typing import Any
 
 from rethook.engine.engine import FgraphOps
+from rethook.frozen import Fields
 from rethook.tracers.base import TraceContext
 from rethook.tracers.native import GRAPH_HANDLERS, install_handlers, native_unavailable, native_user
 
 
-class _Stat:
-    """Mutable records compared and shown field by field (their ``__slots__``), as the
-    dataclasses they stand in for would be (dataclasses imports inspect: ~10 ms of
-    ``rethook profile``'s start)."""
-
-    __slots__ = ()
-
-    def _values(self) -> tuple[Any, ...]:
-        return tuple(getattr(self, name) for name in self.__slots__)
-
-    def __eq__(self, other: object) -> bool:
-        if other.__class__ is not self.__class__:
-            return NotImplemented
-        return self._values() == other._values()  # type: ignore[attr-defined]
-
-    __hash__ = None  # type: ignore[assignment]  # (mutable)
-
-    def __repr__(self) -> str:
-        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)
-        return f"{type(self).__name__}({fields})"
-
-
-class CallerStat(_Stat):
+class CallerStat(Fields):
     """Calls of a function from one caller (a pstats ``callers`` entry)."""
 
     __slots__ = ("hit", "prim", "total_ns", "self_ns")
@@ -68,7 +47,7 @@ class CallerStat(_Stat):
         self.hit, self.prim, self.total_ns, self.self_ns = hit, prim, total_ns, self_ns
 
 
-class FunctionStat(_Stat):
+class FunctionStat(Fields):
     """One function's line of the profile (``trace_stat/function*`` has the kernel's columns:
     name, hit, time_ns, time_sq).
 
