@@ -7,6 +7,8 @@ import threading
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rethook.engine import clock
 
@@ -78,3 +80,15 @@ def test_calibration_ends_at_the_first_reading():
     ms = float(out.split("calibrated over ")[1].split(" ms")[0])
     assert ms >= 30.0
     assert out.split()[-1] == "True"
+
+
+@given(st.floats(min_value=-2e9, max_value=4e9, allow_nan=False))
+@settings(max_examples=300, deadline=None)
+def test_local_iso_is_what_datetime_writes(t):
+    """The trace's start_time_iso, written without importing datetime, is datetime's own."""
+    import datetime
+
+    from rethook.engine.clock import local_iso
+
+    want = datetime.datetime.fromtimestamp(t).astimezone().isoformat(timespec="seconds")
+    assert local_iso(t) == want

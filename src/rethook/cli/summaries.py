@@ -83,12 +83,15 @@ def write_profile(stats: list[FunctionStat], path: str) -> str:
 
 
 def _when(meta: dict[str, Any], key: str) -> str:
-    import datetime
+    from rethook.engine.clock import local_iso
 
     t = meta.get(key)
     if not isinstance(t, (int, float)) or isinstance(t, bool):
         return ""
-    return datetime.datetime.fromtimestamp(t).astimezone().isoformat(timespec="seconds")
+    try:
+        return local_iso(t)
+    except (OverflowError, OSError, ValueError):  # a damaged file's time: out of range
+        return ""
 
 
 def _seconds(ns: int) -> str:

@@ -10,7 +10,6 @@ file is the one the client opened and passed over the socket.
 
 from __future__ import annotations
 
-import datetime
 import os
 import sys
 import time
@@ -28,6 +27,7 @@ from rethook.engine.core import notrace
 def instance_meta(fs: Tracefs, **extra: Any) -> dict[str, Any]:
     """The META keys of a trace recorded from a running process, read from the instance."""
     ctx = fs.ctx
+    now = time.time()
     meta: dict[str, Any] = {
         "tracer": fs.tracer.name,
         "options": ctx.options.as_dict(),
@@ -49,8 +49,8 @@ def instance_meta(fs: Tracefs, **extra: Any) -> dict[str, Any]:
         "clock": "monotonic_ns",
         "clock_source": clock.source,
         "attached": True,
-        "start_time": time.time(),
-        "start_time_iso": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "start_time": now,
+        "start_time_iso": clock.local_iso(now),
     }
     meta.update(extra)
     return meta

@@ -7,6 +7,8 @@ and the native users read the same calibration (engine/clock.h explains it). Eve
 writer of events stamps them with ``now_ns`` too, so events merge in the order they happened.
 ``RETHOOK_CLOCK=monotonic`` forces the system clock.
 
+:func:`local_iso` writes a wall-clock time (``time.time()``) as the trace's metadata shows it.
+
 The calibration ends at the first reading (or when ``source`` or ``why`` is asked for), not
 at import: importing this module costs no wait.
 """
@@ -39,3 +41,23 @@ def __getattr__(name: str) -> Any:
 def note() -> str:
     """One line for ``rethook --version``."""
     return f"clock: {__getattr__('source')} ({__getattr__('why')})"
+
+
+def local_iso(t: float) -> str:
+    """The wall-clock time ``t`` (seconds since the epoch) in local time, ISO 8601 to the
+    second with its UTC offset: ``datetime.fromtimestamp(t).astimezone()
+    .isoformat(timespec="seconds")``, without importing datetime (a C extension, ~1 ms of
+    every start)."""
+    whole = int(t)  # datetime's rounding: to the microsecond (half even), then truncated
+    us = round((t - whole) * 1e6)
+    if us >= 1_000_000:
+        whole += 1
+    elif us < 0:
+        whole -= 1
+    lt = time.localtime(whole)
+    off = lt.tm_gmtoff
+    sign = "-" if off < 0 else "+"
+    off = abs(off)
+    zone = f"{sign}{off // 3600:02d}:{off % 3600 // 60:02d}" + (f":{off % 60:02d}" if off % 60
+                                                                 else "")
+    return time.strftime("%Y-%m-%dT%H:%M:%S", lt) + zone

@@ -9,7 +9,6 @@ is counted and written), :class:`Streamer` prints events live (``rethook stream`
 
 from __future__ import annotations
 
-import datetime
 import errno
 import json
 import os
@@ -196,9 +195,8 @@ class Recorder(_Drain):
         self.size = 0
 
     def start(self, fs: Tracefs) -> None:
-        self.meta.setdefault("start_time", time.time())
-        self.meta.setdefault("start_time_iso",
-                             datetime.datetime.now().astimezone().isoformat(timespec="seconds"))
+        now = self.meta.setdefault("start_time", time.time())
+        self.meta.setdefault("start_time_iso", clock.local_iso(now))
         try:
             self.writer = TraceWriter(self._file, self.meta, formats=fs.ctx.formats,
                                       batch_events=self.batch_events)

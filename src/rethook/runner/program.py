@@ -15,7 +15,6 @@ printed from the program's own frame, non-daemon threads waited for, ``atexit`` 
 
 from __future__ import annotations
 
-import ast
 import atexit
 import builtins
 import importlib.machinery
@@ -274,6 +273,8 @@ def _find_spec_unimported(name: str) -> importlib.machinery.ModuleSpec | None:
 
 def _imported_names(path: str) -> list[str]:
     """Top-level names of the absolute imports anywhere in a source file."""
+    import ast  # (the default filter's walk only)
+
     try:
         with io.open_code(path) as f:
             tree = ast.parse(f.read(), path)

@@ -6,7 +6,6 @@ exactly while the program's code runs, then everything finished -- however the p
 from __future__ import annotations
 
 import atexit
-import datetime
 import os
 import sys
 import time
@@ -15,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rethook.control.tracefs import Tracefs
+from rethook.engine import clock
 from rethook.engine.core import notrace
 from rethook.runner import exits, follow
 from rethook.runner.follow import Follow
@@ -180,10 +180,9 @@ def child_meta(fs: Tracefs, parent: int, how: str) -> dict[str, Any]:
     from rethook.runner.observers import process_meta
 
     meta = process_meta(fs)
-    meta.update(ppid=parent, how=how, argv=list(sys.argv),
-                start_time=time.time(),
-                start_time_iso=datetime.datetime.now().astimezone().isoformat(
-                    timespec="seconds"))
+    now = time.time()
+    meta.update(ppid=parent, how=how, argv=list(sys.argv), start_time=now,
+                start_time_iso=clock.local_iso(now))
     return meta
 
 
