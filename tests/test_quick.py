@@ -197,5 +197,6 @@ def _events(tmp_path: Path, path: Path) -> list[str] | None:
 
 #: What differs between two runs of a program: objects' addresses, thread ids, timestamps.
 VARYING = re.compile(r"0x[0-9a-f]+|(?<=-)\d+(?= )|\d+\.\d{6}(?=:)")
-#: Durations, sizes and their units (stream's lines, profile's table, record's summary).
-TIMES = re.compile(r"\d+(\.\d+)?( ?[a-zA-Z]{1,2}\b)?")
+#: Durations (with function_graph's marks of long ones), sizes and their units (stream's
+#: lines, profile's table, record's summary).
+TIMES = re.compile(r"([+!#*@$] +)?\d+(\.\d+)?( ?[a-zA-Z]{1,2}\b)?")
