@@ -25,7 +25,7 @@ from rethook import limits
 from rethook.buffer.ring import TracePipe
 from rethook.engine.core import notrace
 from rethook.engine.filters import FilterError, FunctionFilter
-from rethook.engine.registry import is_own_module, no_modules
+from rethook.engine.registry import is_own_module
 from rethook.probes.dynamic import DynamicEvents, ProbeError
 from rethook.tracers import TRACERS
 from rethook.tracers.base import OptionError, TraceContext, Tracer
@@ -492,9 +492,11 @@ class Tracefs:
     def function_locations(self, named: Callable[[str], bool]) -> dict[str, list]:
         """``{name: [file, line, qualname]}`` of the known functions whose name ``named``
         accepts (a trace's META ``functions``: where the functions it names are defined)."""
-        with notrace():  # (a trace names only registered functions: complete no module)
+        with notrace():  # (a trace names only registered functions: nothing to scan for)
+            infos = [info for info in self.ctx.registry.registered() if named(info.name)]
+            infos.sort(key=lambda info: info.name)
             return {info.name: [info.filename, info.firstlineno, info.qualname]
-                    for info in self.ctx.registry.functions(no_modules) if named(info.name)}
+                    for info in infos}
 
     def profile_stats(self) -> list[FunctionStat]:
         """All threads' profiles merged, with each function's callers (what ``rethook

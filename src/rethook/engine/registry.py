@@ -405,6 +405,13 @@ class Registry:
                     self._listed = listed
         return list(listed)
 
+    def registered(self) -> list[FunctionInfo]:
+        """The functions registered so far, in no order, nothing scanned for more: what a
+        finished trace can name (:meth:`functions` sorts every one, ~3 ms for sqlglot's
+        5,000, at the end of a recording that names a fifth of them)."""
+        with self._lock:
+            return [i for i in self._by_id.values() if i.kind not in NON_FUNCTION_KINDS]
+
     def complete(self, scope: Scope | None = None) -> None:
         """Register every function of the modules ``scope`` takes in (None: all): what
         :meth:`functions` does before it lists them."""
