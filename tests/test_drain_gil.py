@@ -432,3 +432,36 @@ def test_reserve_makes_no_thread():
     _tfenc.reserve(150_000, 65536)
     assert len(os.listdir("/proc/self/task")) == before
     _tfenc.free_scratch()
+
+
+def test_call_sites_lines_learnt_then_read_without_the_gil(gil_mode):
+    """Function records leave their caller's line as an instruction offset (CALLER_OFFSET). A
+    detached call turns the offsets it has not met into lines with the GIL and learns each
+    call site; the next calls read the sites they know without it. Call after call, with
+    sites old and new, the file is the tuple path's, and the lines are the callers' own."""
+    import dis
+
+    from rethook.buffer import schema
+
+    gil_mode(2)  # every call detached
+    sites = {c: [(i.offset, i.positions.lineno) for i in dis.get_instructions(c)
+                 if i.positions is not None and i.positions.lineno is not None]
+             for c in CODES}
+    a, b = cring.Ring(4096, TID), cring.Ring(4096, TID)
+    wa, wb = fd.new_writer(), fd.new_writer()
+    ts = 0
+    want = []
+    for call in range(4):
+        records = []
+        for k in range(300):
+            parent = (k + call) % len(CODES)
+            offsets = sites[CODES[parent]]
+            offset, line = offsets[(k * 7 + call * (len(offsets) // 2)) % len(offsets)]
+            records.append((1, k % len(CODES), parent, offset, 1, 0, 0, schema.CALLER_OFFSET, 0))
+            want.append(line)
+        ts = write_records((a, b), records, ts)
+        fused(wa, a)
+        tuple_path(wb, b)
+    data = finish(wa)
+    assert data == finish(wb)
+    assert [ev[5] for ev in fd.read_back(data) if isinstance(ev, tuple)] == want

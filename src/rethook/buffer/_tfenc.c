@@ -892,6 +892,12 @@ typedef struct {
     int32_t unknown;    /* the slot of "?", or -1 */
     PyObject *last_code;
     int32_t last_slot;
+    /* Callers' lines by (the caller's slot, the call's instruction offset), as the function
+     * records' RH_CALLER_OFFSET leave them to readers (lines_find()): learnt with the GIL,
+     * read without it. Open addressing, key 0 free (a caller's slot is never 0). */
+    uint64_t *line_keys;
+    int32_t *line_vals;
+    size_t line_mask, line_used;
 } Names;
 
 /* Release what the table holds (may run Python code: codes freed). */
@@ -906,6 +912,8 @@ names_free(Names *nm)
     PyMem_Free(nm->slots);
     PyMem_Free(nm->keys);
     PyMem_Free(nm->vals);
+    PyMem_Free(nm->line_keys);
+    PyMem_Free(nm->line_vals);
     memset(nm, 0, sizeof(*nm));
 }
 
@@ -1029,6 +1037,67 @@ names_find(Names *nm, PyObject *code)
         j = (j + 1) & nm->mask;
     }
     return -1;
+}
+
+static inline uint64_t
+line_key(int32_t caller, int32_t offset)
+{
+    return ((uint64_t)(uint32_t)caller << 32) | (uint32_t)offset;
+}
+
+/* The line of the call at offset in the code of slot caller (>= 1), if learnt; else -1.
+ * Runs no Python code, needs no GIL (see Names). */
+static inline int32_t
+lines_find(const Names *nm, int32_t caller, int32_t offset)
+{
+    if (nm->line_keys == NULL)
+        return -1;
+    const uint64_t key = line_key(caller, offset);
+    size_t j = ptr_hash((const void *)(uintptr_t)key) & nm->line_mask;
+    for (; nm->line_keys[j] != 0; j = (j + 1) & nm->line_mask)
+        if (nm->line_keys[j] == key)
+            return nm->line_vals[j];
+    return -1;
+}
+
+/* Learn a caller's line (with the GIL: a call's naming pass). No memory: not learnt (the next
+ * round computes it again), no error. */
+static void
+lines_add(Names *nm, int32_t caller, int32_t offset, int32_t line)
+{
+    if (caller < 1 || lines_find(nm, caller, offset) >= 0)
+        return;
+    if (nm->line_keys == NULL || 2 * (nm->line_used + 1) > nm->line_mask + 1) {
+        size_t cap = nm->line_keys == NULL ? 256 : (nm->line_mask + 1) * 2;
+        uint64_t *keys = PyMem_Calloc(cap, sizeof(uint64_t));
+        int32_t *vals = PyMem_Malloc(cap * sizeof(int32_t));
+        if (keys == NULL || vals == NULL) {
+            PyMem_Free(keys);
+            PyMem_Free(vals);
+            return;
+        }
+        for (size_t i = 0; nm->line_keys != NULL && i <= nm->line_mask; i++) {
+            if (nm->line_keys[i] == 0)
+                continue;
+            size_t j = ptr_hash((const void *)(uintptr_t)nm->line_keys[i]) & (cap - 1);
+            while (keys[j] != 0)
+                j = (j + 1) & (cap - 1);
+            keys[j] = nm->line_keys[i];
+            vals[j] = nm->line_vals[i];
+        }
+        PyMem_Free(nm->line_keys);
+        PyMem_Free(nm->line_vals);
+        nm->line_keys = keys;
+        nm->line_vals = vals;
+        nm->line_mask = cap - 1;
+    }
+    const uint64_t key = line_key(caller, offset);
+    size_t j = ptr_hash((const void *)(uintptr_t)key) & nm->line_mask;
+    while (nm->line_keys[j] != 0)
+        j = (j + 1) & nm->line_mask;
+    nm->line_keys[j] = key;
+    nm->line_vals[j] = line;
+    nm->line_used++;
 }
 
 /* Name a code not named yet: name_of(code), as _cring's code_name() (once per distinct code
@@ -2223,29 +2292,35 @@ call_result(Fused *f, const rh_cring_api *api, rh_taken *t, Encoded *enc, Py_ssi
  * path (detached_events()), as in encode_ring(). */
 
 /* The detached records from index lo on, named from the names table alone (no Python code,
- * no dict: without the GIL), their types and slots noted by ring position, up to the first
- * one it cannot name so: a code not named yet, or a function record whose caller's line is
- * still an offset (turning it into a line reads the caller's code, which the program may be
- * instrumenting). The index of that record (n: all named), or -1 at a record of an unknown
- * type. */
+ * no dict: without the GIL), their types and slots noted by ring position, and function
+ * records' callers' offsets turned into lines from the lines learnt (lines_find()), up to the
+ * first one it cannot name so: a code not named yet, or a call site whose line is not learnt
+ * (PyCode_Addr2Line reads the caller's monitoring data when it has line events, which the
+ * program may be changing: with the GIL). The index of that record (n: all named), or -1 at
+ * a record of an unknown type. */
 static PASS Py_ssize_t
 name_detached(Fused *f, Py_ssize_t lo, Py_ssize_t n)
 {
     Names *nm = f->names;
-    const rh_rec *recs = f->detached;
+    rh_rec *recs = f->detached;
     const uint64_t cap = f->cap;
     uint64_t pos = (f->pos0 + (uint64_t)lo) % cap;
     for (Py_ssize_t i = lo; i < n; i++, pos = pos + 1 == cap ? 0 : pos + 1) {
-        const rh_rec *rec = &recs[pos];
+        rh_rec *rec = &recs[pos];
         const int t = rec->type;
         if (t < RH_FUNCTION || t > RH_FUNCGRAPH_RESUME)
             return -1;
         int32_t cs = names_find(nm, rec->code), ps = 0;
         if (t == RH_FUNCTION) {
-            if (rec->flags & RH_CALLER_OFFSET)
-                return i;
             if (rec->parent != NULL)
                 ps = names_find(nm, rec->parent);
+            if (rec->flags & RH_CALLER_OFFSET) {
+                int32_t line = rec->parent == NULL ? 0 : lines_find(nm, ps, rec->depth);
+                if (line < 0 || (rec->parent != NULL && ps < 1))
+                    return i;
+                rec->depth = line; /* (the record is the call's: detached) */
+                rec->flags &= ~RH_CALLER_OFFSET;
+            }
         }
         if (cs < 0 || ps < 0)
             return i;
@@ -2284,15 +2359,18 @@ name_detached_held(Fused *f, Py_ssize_t lo, Py_ssize_t n)
         const int t = rec->type;
         if (t < RH_FUNCTION || t > RH_FUNCGRAPH_RESUME)
             return 1;
-        if (t == RH_FUNCTION && (rec->flags & RH_CALLER_OFFSET)) {
-            rec->depth = rh_caller_line(rec);
-            rec->flags &= ~RH_CALLER_OFFSET;
-        }
         int32_t cs = name_held(f, rec->code), ps = 0;
         if (cs >= 0 && t == RH_FUNCTION && rec->parent != NULL)
             ps = name_held(f, rec->parent);
         if (cs < 0 || ps < 0)
             return (cs < 0 ? cs : ps) == -1 ? -1 : 1;
+        if (t == RH_FUNCTION && (rec->flags & RH_CALLER_OFFSET)) {
+            const int32_t offset = rec->depth;
+            rec->depth = rh_caller_line(rec);
+            rec->flags &= ~RH_CALLER_OFFSET;
+            if (rec->parent != NULL && PyCode_Check(rec->parent))
+                lines_add(f->names, ps, offset, rec->depth); /* for the next rounds */
+        }
         f->types[pos] = (uint8_t)t;
         f->named[pos].slot = cs;
         f->named[pos].pslot = ps;
