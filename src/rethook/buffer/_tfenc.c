@@ -883,10 +883,87 @@ typedef struct {
     PyObject *code; /* the code it names (the table's key holds it), NULL for "" and "?" */
 } Slot;
 
+/* An int32 by non-zero 64-bit key (a code's address, a call site), open addressing, at most
+ * half full (a full one would never end a probe); key 0: a free place. */
 typedef struct {
-    PyObject **keys; /* open addressing, NULL: free */
+    uint64_t *keys;
     int32_t *vals;
     size_t mask, used;
+} Table;
+
+static inline size_t
+key_hash(uint64_t x)
+{
+    x ^= x >> 4;
+    x *= 0x9E3779B97F4A7C15ull;
+    return (size_t)(x >> 17);
+}
+
+/* The value of key, or -1. Runs no Python code, needs no GIL. */
+static inline int32_t
+table_find(const Table *t, uint64_t key)
+{
+    if (t->keys == NULL)
+        return -1;
+    for (size_t j = key_hash(key) & t->mask; t->keys[j] != 0; j = (j + 1) & t->mask)
+        if (t->keys[j] == key)
+            return t->vals[j];
+    return -1;
+}
+
+/* Room for one more key: 0, or -1 without memory (the table unchanged, no error set). */
+static int
+table_room(Table *t)
+{
+    if (t->keys != NULL && (t->used + 1) * 2 <= t->mask + 1)
+        return 0;
+    size_t cap = t->keys == NULL ? 64 : (t->mask + 1) * 2;
+    uint64_t *keys = PyMem_Calloc(cap, sizeof(uint64_t));
+    int32_t *vals = PyMem_Malloc(cap * sizeof(int32_t));
+    if (keys == NULL || vals == NULL) {
+        PyMem_Free(keys);
+        PyMem_Free(vals);
+        return -1;
+    }
+    for (size_t i = 0; t->keys != NULL && i <= t->mask; i++) {
+        if (t->keys[i] == 0)
+            continue;
+        size_t j = key_hash(t->keys[i]) & (cap - 1);
+        while (keys[j] != 0)
+            j = (j + 1) & (cap - 1);
+        keys[j] = t->keys[i];
+        vals[j] = t->vals[i];
+    }
+    PyMem_Free(t->keys);
+    PyMem_Free(t->vals);
+    t->keys = keys;
+    t->vals = vals;
+    t->mask = cap - 1;
+    return 0;
+}
+
+/* Add a key not in the table, once table_room() made room for it. */
+static void
+table_put(Table *t, uint64_t key, int32_t val)
+{
+    size_t j = key_hash(key) & t->mask;
+    while (t->keys[j] != 0)
+        j = (j + 1) & t->mask;
+    t->keys[j] = key;
+    t->vals[j] = val;
+    t->used++;
+}
+
+static void
+table_free(Table *t)
+{
+    PyMem_Free(t->keys);
+    PyMem_Free(t->vals);
+    memset(t, 0, sizeof(*t));
+}
+
+typedef struct {
+    Table codes; /* code object (its address, a reference held) -> slot */
     Slot *slots;
     int32_t nslots, cap;
     int32_t unknown;    /* the slot of "?", or -1 */
@@ -894,36 +971,22 @@ typedef struct {
     int32_t last_slot;
     /* Callers' lines by (the caller's slot, the call's instruction offset), as the function
      * records' RH_CALLER_OFFSET leave them to readers (lines_find()): learnt with the GIL,
-     * read without it. Open addressing, key 0 free (a caller's slot is never 0). */
-    uint64_t *line_keys;
-    int32_t *line_vals;
-    size_t line_mask, line_used;
+     * read without it (a caller's slot is never 0: no key is) */
+    Table lines;
 } Names;
 
 /* Release what the table holds (may run Python code: codes freed). */
 static void
 names_free(Names *nm)
 {
-    if (nm->keys != NULL)
-        for (size_t i = 0; i <= nm->mask; i++)
-            Py_XDECREF(nm->keys[i]);
+    for (size_t i = 0; nm->codes.keys != NULL && i <= nm->codes.mask; i++)
+        Py_XDECREF((PyObject *)(uintptr_t)nm->codes.keys[i]);
     for (int32_t s = 0; s < nm->nslots; s++)
         Py_XDECREF(nm->slots[s].name);
     PyMem_Free(nm->slots);
-    PyMem_Free(nm->keys);
-    PyMem_Free(nm->vals);
-    PyMem_Free(nm->line_keys);
-    PyMem_Free(nm->line_vals);
+    table_free(&nm->codes);
+    table_free(&nm->lines);
     memset(nm, 0, sizeof(*nm));
-}
-
-static inline size_t
-ptr_hash(const void *p)
-{
-    uint64_t x = (uint64_t)(uintptr_t)p;
-    x ^= x >> 4;
-    x *= 0x9E3779B97F4A7C15ull;
-    return (size_t)(x >> 17);
 }
 
 /* A string table index as _encode_strings would use it: 0 found (*index), 1 not in the
@@ -977,10 +1040,7 @@ names_init(Names *nm, PyObject *strings)
     memset(nm, 0, sizeof(*nm));
     nm->unknown = -1;
     nm->last_slot = -1;
-    nm->mask = 63;
-    nm->keys = PyMem_Calloc(nm->mask + 1, sizeof(PyObject *));
-    nm->vals = PyMem_Malloc((nm->mask + 1) * sizeof(int32_t));
-    if (nm->keys == NULL || nm->vals == NULL) {
+    if (table_room(&nm->codes) < 0) {
         PyErr_NoMemory();
         return -1;
     }
@@ -991,35 +1051,6 @@ names_init(Names *nm, PyObject *strings)
     return s < 0 ? s : 0;
 }
 
-static int
-names_grow(Names *nm)
-{
-    size_t cap = (nm->mask + 1) * 2;
-    PyObject **keys = PyMem_Calloc(cap, sizeof(PyObject *));
-    int32_t *vals = PyMem_Malloc(cap * sizeof(int32_t));
-    if (keys == NULL || vals == NULL) {
-        PyMem_Free(keys);
-        PyMem_Free(vals);
-        PyErr_NoMemory();
-        return -1;
-    }
-    for (size_t i = 0; i <= nm->mask; i++) {
-        if (nm->keys[i] == NULL)
-            continue;
-        size_t j = ptr_hash(nm->keys[i]) & (cap - 1);
-        while (keys[j] != NULL)
-            j = (j + 1) & (cap - 1);
-        keys[j] = nm->keys[i];
-        vals[j] = nm->vals[i];
-    }
-    PyMem_Free(nm->keys);
-    PyMem_Free(nm->vals);
-    nm->keys = keys;
-    nm->vals = vals;
-    nm->mask = cap - 1;
-    return 0;
-}
-
 /* The slot of a code already named, or -1. Runs no Python code. */
 static inline int32_t
 names_find(Names *nm, PyObject *code)
@@ -1028,15 +1059,12 @@ names_find(Names *nm, PyObject *code)
         return nm->last_slot;
     if (code == NULL)
         return nm->unknown;
-    size_t j = ptr_hash(code) & nm->mask;
-    while (nm->keys[j] != NULL) {
-        if (nm->keys[j] == code) {
-            nm->last_code = code;
-            return nm->last_slot = nm->vals[j];
-        }
-        j = (j + 1) & nm->mask;
+    int32_t s = table_find(&nm->codes, (uintptr_t)code);
+    if (s >= 0) {
+        nm->last_code = code;
+        nm->last_slot = s;
     }
-    return -1;
+    return s;
 }
 
 static inline uint64_t
@@ -1050,14 +1078,7 @@ line_key(int32_t caller, int32_t offset)
 static inline int32_t
 lines_find(const Names *nm, int32_t caller, int32_t offset)
 {
-    if (nm->line_keys == NULL)
-        return -1;
-    const uint64_t key = line_key(caller, offset);
-    size_t j = ptr_hash((const void *)(uintptr_t)key) & nm->line_mask;
-    for (; nm->line_keys[j] != 0; j = (j + 1) & nm->line_mask)
-        if (nm->line_keys[j] == key)
-            return nm->line_vals[j];
-    return -1;
+    return table_find(&nm->lines, line_key(caller, offset));
 }
 
 /* Learn a caller's line (with the GIL: a call's naming pass). No memory: not learnt (the next
@@ -1065,39 +1086,8 @@ lines_find(const Names *nm, int32_t caller, int32_t offset)
 static void
 lines_add(Names *nm, int32_t caller, int32_t offset, int32_t line)
 {
-    if (caller < 1 || lines_find(nm, caller, offset) >= 0)
-        return;
-    if (nm->line_keys == NULL || 2 * (nm->line_used + 1) > nm->line_mask + 1) {
-        size_t cap = nm->line_keys == NULL ? 256 : (nm->line_mask + 1) * 2;
-        uint64_t *keys = PyMem_Calloc(cap, sizeof(uint64_t));
-        int32_t *vals = PyMem_Malloc(cap * sizeof(int32_t));
-        if (keys == NULL || vals == NULL) {
-            PyMem_Free(keys);
-            PyMem_Free(vals);
-            return;
-        }
-        for (size_t i = 0; nm->line_keys != NULL && i <= nm->line_mask; i++) {
-            if (nm->line_keys[i] == 0)
-                continue;
-            size_t j = ptr_hash((const void *)(uintptr_t)nm->line_keys[i]) & (cap - 1);
-            while (keys[j] != 0)
-                j = (j + 1) & (cap - 1);
-            keys[j] = nm->line_keys[i];
-            vals[j] = nm->line_vals[i];
-        }
-        PyMem_Free(nm->line_keys);
-        PyMem_Free(nm->line_vals);
-        nm->line_keys = keys;
-        nm->line_vals = vals;
-        nm->line_mask = cap - 1;
-    }
-    const uint64_t key = line_key(caller, offset);
-    size_t j = ptr_hash((const void *)(uintptr_t)key) & nm->line_mask;
-    while (nm->line_keys[j] != 0)
-        j = (j + 1) & nm->line_mask;
-    nm->line_keys[j] = key;
-    nm->line_vals[j] = line;
-    nm->line_used++;
+    if (caller >= 1 && lines_find(nm, caller, offset) < 0 && table_room(&nm->lines) == 0)
+        table_put(&nm->lines, line_key(caller, offset), line);
 }
 
 /* Name a code not named yet: name_of(code), as _cring's code_name() (once per distinct code
@@ -1126,9 +1116,10 @@ names_add(Names *nm, PyObject *name_of, PyObject *strings, PyObject *code)
     /* the table is ours (name_of cannot have changed it: a NameCache in use is left alone
      * by other calls). Room first: it stays at most half full even when growing fails (a
      * NameCache's table outlives the failed call, and a full one would never end a probe) */
-    if ((nm->used + 1) * 2 > nm->mask && names_grow(nm) < 0) {
+    if (table_room(&nm->codes) < 0) {
         Py_DECREF(name);
         Py_DECREF(code);
+        PyErr_NoMemory();
         return -1;
     }
     int32_t s = names_add_slot(nm, strings, name);
@@ -1136,13 +1127,8 @@ names_add(Names *nm, PyObject *name_of, PyObject *strings, PyObject *code)
         Py_DECREF(code);
         return s;
     }
-    size_t j = ptr_hash(code) & nm->mask; /* a free place for code */
-    while (nm->keys[j] != NULL)
-        j = (j + 1) & nm->mask;
-    nm->keys[j] = code; /* the reference taken above */
+    table_put(&nm->codes, (uintptr_t)code, s); /* the reference taken above */
     nm->slots[s].code = code;
-    nm->vals[j] = s;
-    nm->used++;
     nm->last_code = code;
     nm->last_slot = s;
     return s;
@@ -1366,7 +1352,7 @@ cache_dealloc(PyObject *self)
 static Py_ssize_t
 cache_len(PyObject *self)
 {
-    return (Py_ssize_t)((NameCache *)self)->names.used;
+    return (Py_ssize_t)((NameCache *)self)->names.codes.used;
 }
 
 PyDoc_STRVAR(cache_clear_doc,
