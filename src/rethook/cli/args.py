@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from rethook import limits
 from rethook.cli import options
 from rethook.cli.options import (
     BLOCKING,
@@ -104,7 +103,7 @@ def click_option(flag: Flag) -> Callable[[Callable[..., Any]], Callable[..., Any
     else:
         kw.update(multiple=flag.takes == MANY, default=flag.default)
         if flag.bounds is not None:
-            kw["type"] = Bounded(flag.bounds)
+            kw["type"] = Bounded(flag)
         elif flag.choices is not None:
             kw["type"] = click.Choice(flag.choices)
     return click.option(*flag.decls, flag.dest, **kw)
@@ -127,19 +126,20 @@ _EVENT_FILTER_OPTIONS = [
 
 
 class Bounded(click.ParamType):
-    """An integer option with its range (from :mod:`rethook.limits`), read without ``int()``'s
-    digit limit: out of range is a usage error that says the range."""
+    """An integer flag with its range (from :mod:`rethook.limits`), read as the flag reads it
+    (:meth:`Flag.convert`: without ``int()``'s digit limit): out of range is a usage error that
+    says the range."""
 
     name = "integer"
 
-    def __init__(self, bounds: tuple[int, int]) -> None:
-        self.bounds = bounds
+    def __init__(self, flag: Flag) -> None:
+        self.flag = flag
 
     def convert(self, value: Any, param: click.Parameter | None,
                 ctx: click.Context | None) -> int:
         try:
-            return limits.checked_int(str(value), self.bounds)
-        except limits.NumberError as e:
+            return self.flag.convert(str(value))
+        except ValueError as e:
             self.fail(str(e), param, ctx)
 
 
