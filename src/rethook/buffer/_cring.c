@@ -48,10 +48,13 @@ static PyTypeObject Ring_Type;
 /* helpers                                                                                   */
 
 /* Record arrays. A big one (a thread's 8 MB default, or buffer_size_kb) is mapped on its
- * own and, where the kernel does transparent huge pages on request, backed by 2 MB pages:
- * the writer touches it in order, and with 4 KB pages the first pass through it costs a
- * page fault every 73 records (~1.5 us each here) and TLB misses after. Zeroed either way. */
-#define HUGE_PAGE ((size_t)2 << 20)
+ * own, so that freeing it gives the memory back and a new one starts as untouched zero
+ * pages, never memset. 4 KB pages, not transparent huge pages: memory the machine has not
+ * touched yet costs its first toucher ~2 us a 4 KB page here either way, but a huge page is
+ * faulted whole by the first record that lands in it (4-13 ms were measured on the
+ * program's thread for one 2 MB page), while 4 KB pages are paged in by the drain ahead of
+ * the writers (_tfenc.c, ahead_of()) in steps the writers rarely catch up with. */
+#define MAPPED_MIN ((size_t)256 << 10)
 
 static size_t
 recs_bytes(uint64_t n)
@@ -63,29 +66,10 @@ static rh_rec *
 recs_alloc(uint64_t n)
 {
     size_t bytes = recs_bytes(n);
-    if (bytes < HUGE_PAGE)
+    if (bytes < MAPPED_MIN)
         return PyMem_Calloc((size_t)n, sizeof(rh_rec));
-#ifdef MADV_HUGEPAGE
-    size_t len = (bytes + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1);
-    char *p = mmap(NULL, len + HUGE_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                   -1, 0);
-    if (p == MAP_FAILED)
-        return NULL;
-    /* keep the 2 MB-aligned part: huge pages need aligned ranges */
-    char *start = (char *)(((uintptr_t)p + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
-    if (start > p)
-        munmap(p, (size_t)(start - p));
-    size_t tail = (size_t)(p + len + HUGE_PAGE - (start + len));
-    if (tail)
-        munmap(start + len, tail);
-    (void)madvise(start, len, MADV_HUGEPAGE); /* advice: without it, 4 KB pages */
-    /* Fault the first huge page in now: zeroing it takes ≈0.25 ms, which would otherwise be
-     * charged to the thread's first traced call (its entry record lands there). */
-    *(volatile char *)start = 0;
-    return (rh_rec *)start;
-#else
-    return PyMem_Calloc((size_t)n, sizeof(rh_rec));
-#endif
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? NULL : (rh_rec *)p;
 }
 
 static void
@@ -93,14 +77,11 @@ recs_free(rh_rec *recs, uint64_t n)
 {
     if (recs == NULL)
         return;
-#ifdef MADV_HUGEPAGE
     size_t bytes = recs_bytes(n);
-    if (bytes >= HUGE_PAGE) {
-        munmap(recs, (bytes + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1));
-        return;
-    }
-#endif
-    PyMem_Free(recs);
+    if (bytes >= MAPPED_MIN)
+        munmap(recs, bytes);
+    else
+        PyMem_Free(recs);
 }
 
 /* Release the references of the records [floor, head) of an array of n that is no longer the

@@ -2429,15 +2429,15 @@ typedef struct {
     Py_ssize_t nenc, n;
     Py_ssize_t named; /* records named so far (-1: one of an unknown type) */
     int counted;      /* count_detached() done */
-    rh_rec *ahead[2]; /* the part of the ring's new array its writers fill next (ahead_of()) */
-    size_t ahead_bytes[2];
+    rh_rec *ahead[4]; /* the parts of the ring's arrays its writers fill next (ahead_of()) */
+    size_t ahead_bytes[4];
 } Detached;
 
 static void
 detached_released(void *arg)
 {
     Detached *d = arg;
-    for (int i = 0; i < 2; i++) { /* first: the program's thread is writing there now */
+    for (int i = 0; i < 4; i++) { /* first: the program's thread is writing there now */
         (void)populate(d->ahead[i], d->ahead_bytes[i]);
         d->ahead_bytes[i] = 0;
     }
@@ -2455,25 +2455,36 @@ detached_released(void *arg)
     }
 }
 
-/* The ring's new array, where its writers go on after a detach() that took n records: about
- * as many records from its write position on (at least AHEAD_MIN), which the drain pages in
- * (populate(), what is there kept) before the program's thread reaches them: fresh memory
- * costs ~2 us a page on this VM, which the program would otherwise pay as it writes. Only
- * that far: a short program pages in what it writes, not its rings' whole arrays. With the
- * GIL, right after the detach. */
+/* Where a ring's writers go on after a detach() that took n records: from its write position,
+ * in its new array now and, after the next detach, in the array just taken (the drain gives
+ * it back as the spare, which becomes the ring's array then, ~n records further on). The
+ * drain pages both in (populate(), what is there kept) before the program's thread reaches
+ * them: fresh memory costs ~2 us a page on this VM, which the program would otherwise pay as
+ * it writes (richards: ~13 ms of its own run). Twice as far as the call took (at least
+ * AHEAD_MIN records): the new array's first part races with its writer, but the taken
+ * array's part is ready a whole round before its writer gets there. Only that far: a short
+ * program pages in about what it writes, not its rings' whole arrays. With the GIL, right
+ * after the detach. */
 #define AHEAD_MIN 4096
 static void
-ahead_of(const rh_ring *rg, uint64_t n, Detached *d)
+ahead_in(rh_rec *recs, uint64_t cap, uint64_t wpos, uint64_t want, rh_rec **at, size_t *bytes)
 {
-    const uint64_t cap = rg->capacity, wpos = rg->wpos;
-    uint64_t want = n > AHEAD_MIN ? n : AHEAD_MIN;
+    const uint64_t first = want < cap - wpos ? want : cap - wpos;
+    at[0] = recs + wpos;
+    bytes[0] = (size_t)first * sizeof(rh_rec);
+    at[1] = recs;
+    bytes[1] = (size_t)(want - first) * sizeof(rh_rec);
+}
+
+static void
+ahead_of(const rh_ring *rg, rh_rec *taken, uint64_t n, Detached *d)
+{
+    const uint64_t cap = rg->capacity;
+    uint64_t want = 2 * (n > AHEAD_MIN ? n : AHEAD_MIN);
     if (want > cap)
         want = cap;
-    const uint64_t first = want < cap - wpos ? want : cap - wpos;
-    d->ahead[0] = rg->recs + wpos;
-    d->ahead_bytes[0] = (size_t)first * sizeof(rh_rec);
-    d->ahead[1] = rg->recs;
-    d->ahead_bytes[1] = (size_t)(want - first) * sizeof(rh_rec);
+    ahead_in(rg->recs, cap, rg->wpos, want, d->ahead, d->ahead_bytes);
+    ahead_in(taken, cap, rg->wpos, want, d->ahead + 2, d->ahead_bytes + 2);
 }
 
 /* The records of a detached array that need the tuple path: moved out of it into an array
@@ -2557,7 +2568,7 @@ encode_detached(Fused *f, const rh_cring_api *api, const rh_round_api *round, Py
     const uint64_t table_start = (uint64_t)PyDict_GET_SIZE(f->strings);
     Detached d = {.f = f, .enc = enc, .nenc = split_batches(enc, n, batch, t.lost_before),
                   .n = n};
-    ahead_of(rg, t.n, &d);
+    ahead_of(rg, array, t.n, &d);
     gil_releases++; /* (a call, however many times it lets the GIL go) */
     run_released(f, round, detached_released, &d);
     if (d.named >= 0 && d.named < n) {
