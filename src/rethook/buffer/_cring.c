@@ -62,14 +62,23 @@ recs_bytes(uint64_t n)
     return (size_t)n * sizeof(rh_rec);
 }
 
+/* An array of n records, zeroed, after its header (cring.h's rh_array_head, zeroed too). */
 static rh_rec *
 recs_alloc(uint64_t n)
 {
-    size_t bytes = recs_bytes(n);
-    if (bytes < MAPPED_MIN)
-        return PyMem_Calloc((size_t)n, sizeof(rh_rec));
-    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    return p == MAP_FAILED ? NULL : (rh_rec *)p;
+    size_t bytes = sizeof(rh_array_head) + recs_bytes(n);
+    char *p;
+    if (bytes < MAPPED_MIN) {
+        p = PyMem_Calloc(1, bytes);
+        if (p == NULL)
+            return NULL;
+    }
+    else {
+        p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED)
+            return NULL;
+    }
+    return (rh_rec *)(p + sizeof(rh_array_head));
 }
 
 static void
@@ -77,11 +86,12 @@ recs_free(rh_rec *recs, uint64_t n)
 {
     if (recs == NULL)
         return;
-    size_t bytes = recs_bytes(n);
+    size_t bytes = sizeof(rh_array_head) + recs_bytes(n);
+    void *p = rh_array_head_of(recs);
     if (bytes >= MAPPED_MIN)
-        munmap(recs, bytes);
+        munmap(p, bytes);
     else
-        PyMem_Free(recs);
+        PyMem_Free(p);
 }
 
 /* Release the references of the records [floor, head) of an array of n that is no longer the

@@ -2463,12 +2463,22 @@ detached_released(void *arg)
  * it writes (richards: ~13 ms of its own run). Twice as far as the call took (at least
  * AHEAD_MIN records): the new array's first part races with its writer, but the taken
  * array's part is ready a whole round before its writer gets there. Only that far: a short
- * program pages in about what it writes, not its rings' whole arrays. With the GIL, right
- * after the detach. */
+ * program pages in about what it writes, not its rings' whole arrays. And only until an
+ * array has had PAGED_LAPS times its size paged in (its header counts): by then the windows,
+ * which move on with the writer, have met every page, and walking present pages is not free
+ * (~0.1 us a page: richards' drain spent ~25 ms on it). With the GIL, right after the
+ * detach. */
 #define AHEAD_MIN 4096
+#define PAGED_LAPS 3
 static void
 ahead_in(rh_rec *recs, uint64_t cap, uint64_t wpos, uint64_t want, rh_rec **at, size_t *bytes)
 {
+    rh_array_head *head = rh_array_head_of(recs);
+    if (head->paged >= PAGED_LAPS * cap * sizeof(rh_rec)) {
+        bytes[0] = bytes[1] = 0;
+        return;
+    }
+    head->paged += want * sizeof(rh_rec);
     const uint64_t first = want < cap - wpos ? want : cap - wpos;
     at[0] = recs + wpos;
     bytes[0] = (size_t)first * sizeof(rh_rec);

@@ -68,6 +68,19 @@ typedef struct {
     int32_t overrun;    /* exit: the thread's overrun count (funcgraph-overrun) */
 } rh_rec;
 
+/* A ring's array of records (_cring.c's recs_alloc, the only maker of rings' arrays) starts
+ * after a header of its own: what the drain has done to it so far (_tfenc.c, ahead_of()). */
+typedef struct {
+    uint64_t paged; /* bytes the drain has paged in ahead of the writers, all calls summed */
+    uint64_t pad[7]; /* (the records stay aligned as the allocator aligns) */
+} rh_array_head;
+
+static inline rh_array_head *
+rh_array_head_of(rh_rec *recs)
+{
+    return (rh_array_head *)recs - 1;
+}
+
 typedef struct {
     PyObject_HEAD
     rh_rec *recs;        /* capacity records */
