@@ -980,6 +980,7 @@ class TracePipe:
         self._timeout = timeout
         self._closed = False
         self._pending: deque[Event | Lost] = deque()
+        self._fed = False  # the last read_or_feed fed native rings (see _poll)
 
     def read(self, timeout: float | None = None) -> list[Event | Lost]:
         """Consume what is there, waiting up to ``timeout`` seconds (None: forever) for
@@ -1011,15 +1012,26 @@ class TracePipe:
         passes or the pipe is closed ([])."""
         buffer = self._buffer
         deadline = None if timeout is None else time.monotonic() + timeout
+        # Right after a round that fed native rings, wait for the next wake before reading:
+        # what the program wrote while that round was encoded goes with the next one, not
+        # in a round of its own (richards: every wake made a round of ~67 k records and one
+        # of ~13 k, each a handoff of the GIL).
+        after_feed, self._fed = self._fed, False
         while not self._closed:
-            items = consume()
-            if items is None or items:
-                return items
             wait = buffer._poll_seconds
             native = native_wait is not None and wait <= NATIVE_PIPE_POLL_SECONDS
             now = time.monotonic()
             if native and now - buffer._python_at >= WRITERS_SECONDS:
                 wait = NATIVE_DRAIN_WAIT_SECONDS  # (a ring's wake mark ends it)
+                if after_feed:
+                    left = wait if deadline is None else min(wait, deadline - now)
+                    native_wait(max(left, 0.0), buffer._writers >= 2)
+            after_feed = False
+            items = consume()
+            if items is None or items:
+                self._fed = items is None
+                return items
+            now = time.monotonic()
             if deadline is not None:
                 remaining = deadline - now
                 if remaining <= 0:
