@@ -352,17 +352,118 @@ def test_the_names_and_memory_while_released(what, gil_mode):
 
 
 def test_the_writer_closed_while_released(gil_mode):
-    """close() from another thread while write_native encodes: the call raises, and writes
-    nothing after the END chunk."""
+    """close() from another thread while write_native encodes without the GIL waits for the
+    call: its events are in the file, before the END chunk."""
     gil_mode(RELEASE)
     w, ring = _writer_and_full_ring()
+    before = w.events_written
     t = _while_released(w.close)
-    with pytest.raises(ValueError, match="closed"):
-        fused(w, ring)
+    got = fused(w, ring)
     t.join()
     data = w._file.getvalue()
     assert fd.chunk_tags(data)[-1] == tracefile.TAG_END
-    assert ring.stats()[0] == 0
+    assert ring.stats()[0] == 0 and w.events_written == before + got > before
+    assert sum(1 for _ in tracefile.TraceReader(io.BytesIO(data)).events()) == before + got
+
+
+def _file_writer(path, batch: int = 30_000) -> TraceWriter:
+    return TraceWriter(open(path, "wb", buffering=0), {"test": True},
+                       formats=builtin_registry(), batch_events=batch)
+
+
+@pytest.mark.parametrize("mode", [POLICY, RELEASE])
+def test_a_released_call_writes_its_chunks_to_a_regular_file(gil_mode, tmp_path, monkeypatch,
+                                                            mode):
+    """To a regular file, a call that encodes without the GIL also writes its chunks itself
+    (no write_held, no payloads handed back) once the file defines what they use: the
+    file is the tuple path's, byte for byte."""
+    gil_mode(mode)
+    held = []
+    real = _tfenc.write_held
+    monkeypatch.setattr(_tfenc, "write_held", lambda f, parts: held.append(1) or real(f, parts))
+    count = 100_000
+    a, b = cring.Ring(2 * count, TID), cring.Ring(2 * count, TID)  # (at most half full)
+    wa, wb = _file_writer(tmp_path / "a.dat"), _file_writer(tmp_path / "b.dat")
+    for w in (wa, wb):
+        w.set_thread_name(TID, "main")
+    storm((a, b), 100)
+    assert fused(wa, a) == tuple_path(wb, b) == 100  # (defines the formats and strings)
+    calls = len(held)
+    for _ in range(3):
+        storm((a, b), count)
+        assert fused(wa, a) == tuple_path(wb, b) == count
+    assert len(held) == calls  # every later call wrote its own chunks
+    for w in (wa, wb):
+        w.close()
+        w._file.close()
+    assert (tmp_path / "a.dat").read_bytes() == (tmp_path / "b.dat").read_bytes()
+
+
+def test_a_released_call_waits_for_definitions_and_loss(gil_mode, tmp_path, monkeypatch):
+    """A definition the writer has not written yet (a thread's new name), or loss to report
+    before the events, keeps the call from writing its chunks itself: the writer writes
+    them after what comes first, and the file is the tuple path's."""
+    gil_mode(RELEASE)
+    count = 50_000
+    a, b = cring.Ring(count, TID), cring.Ring(count, TID)
+    wa, wb = _file_writer(tmp_path / "a.dat"), _file_writer(tmp_path / "b.dat")
+    storm((a, b), 100)
+    assert fused(wa, a) == tuple_path(wb, b)
+    for w in (wa, wb):
+        w.set_thread_name(TID, "renamed")  # a THRD chunk pending
+    storm((a, b), count)
+    assert fused(wa, a) == tuple_path(wb, b) == count
+    storm((a, b), count + 1000)  # the ring overwrites: loss before the events
+    assert fused(wa, a) == tuple_path(wb, b) == count
+    for w in (wa, wb):
+        w.close()
+        w._file.close()
+    data = (tmp_path / "a.dat").read_bytes()
+    assert data == (tmp_path / "b.dat").read_bytes()
+    assert tracefile.TAG_LOST in fd.chunk_tags(data)
+
+
+def test_a_failed_write_of_a_released_call(gil_mode, tmp_path):
+    """The write a released call makes fails (its file descriptor made read-only
+    underneath): an OSError, and its records are counted lost, as for any failed call."""
+    gil_mode(RELEASE)
+    ring = cring.Ring(10_000, TID)
+    w = _file_writer(tmp_path / "a.dat")
+    storm((ring,), 100)
+    fused(w, ring)
+    storm((ring,), 10_000)
+    read_only = os.open(tmp_path / "a.dat", os.O_RDONLY)
+    os.dup2(read_only, w._file.fileno())
+    os.close(read_only)
+    with pytest.raises(OSError):
+        fused(w, ring)
+    entries, written, lost, read = ring.stats()
+    assert entries == 0 and lost == 10_000
+    w._closed = True  # (its file cannot be finished)
+    w._file.close()
+
+
+def test_close_from_name_of_ends_with_the_call(gil_mode, tmp_path):
+    """name_of closes the writer (Python code may): the file closes once the call has
+    written its chunks, after them."""
+    gil_mode(RELEASE)
+    ring = cring.Ring(10_000, TID)
+    w = _file_writer(tmp_path / "a.dat")
+    seen = []
+
+    def closing(code):
+        if not seen:
+            w.close()
+        seen.append(code)
+        return names(code)
+
+    storm((ring,), 10_000)
+    assert fused(w, ring, closing) == 10_000
+    assert w._closed
+    w._file.close()
+    data = (tmp_path / "a.dat").read_bytes()
+    assert fd.chunk_tags(data)[-1] == tracefile.TAG_END
+    assert sum(1 for _ in tracefile.TraceReader(io.BytesIO(data)).events()) == 10_000
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork")

@@ -461,7 +461,7 @@ def load_against(tfenc, monkeypatch, **changes) -> None:
 
     fake = types.ModuleType("rethook.buffer.tracefile")
     for name in ("_INT_PLAIN", "_INT_DELTA", "_INT_CONST", "_WIDTH_SAMPLES", "_UNSIGNED",
-                 "_SIGNED"):
+                 "_SIGNED", "_CHUNK_HEAD", "TAG_EVENTS"):
         setattr(fake, name, changes.get(name, getattr(tf, name)))
     for name, change in changes.items():
         if change is None:
@@ -484,3 +484,8 @@ def test_import_checks_the_constants(tfenc, monkeypatch):
         load_against(tfenc, monkeypatch, _SIGNED=swapped)
     with pytest.raises(ImportError, match="cannot check"):  # tracefile.py changed shape
         load_against(tfenc, monkeypatch, _INT_CONST=None)
+    # the head of the EVTS chunks a call writes itself (encode_ring's fd)
+    with pytest.raises(ImportError, match="EVTS chunk head"):
+        load_against(tfenc, monkeypatch, TAG_EVENTS=b"EVNT")
+    with pytest.raises(ImportError, match="EVTS chunk head"):
+        load_against(tfenc, monkeypatch, _CHUNK_HEAD=struct.Struct(">4sI"))

@@ -15,6 +15,7 @@ offset of the first damaged chunk; everything before it is still read.
 
 from __future__ import annotations
 
+import _thread
 import bisect
 import heapq
 import io
@@ -310,6 +311,12 @@ class TraceWriter:
         self._writev = type(self._file) is io.FileIO and hasattr(os, "writev")
         self._held = (self._writev and _tfenc is not None and hasattr(_tfenc, "write_held")
                       and stat.S_ISREG(os.fstat(self._file.fileno()).st_mode))
+        # held by write_native for its whole call, and by close(): a close() from another
+        # thread waits for the call, which may be writing its chunks with the GIL released;
+        # one from the call's own thread (its name_of) is done when the call ends
+        self._native_lock = _thread.RLock()
+        self._native_depth = 0
+        self._close_pending = False
         try:
             head = _HEADER.pack(MAGIC, VERSION_MAJOR, VERSION_MINOR, 0)[:16]
             self._write(head + _CRC.pack(zlib.crc32(head)))
@@ -417,13 +424,16 @@ class TraceWriter:
         and the built-in layouts for formats 1-5, the records are encoded in C from the
         ring, with no event tuple per record -- a call of many records with the GIL
         released once the ring's array is taken out with them (the ring goes on in a spare
-        one), so the program runs meanwhile (``_tfenc.c``, "The detached drain") -- and the
-        chunks of the call go to the file in one write, the GIL held (the drain thread of
-        ``rethook record``: each time it lets the GIL go, a CPU-bound program keeps it a
-        switch interval once the drain wants it back, filling the ring meanwhile). The
-        caller's ring may then have a new array, of the same size. Otherwise it is that very
-        call. One thread at a time may use a writer; :meth:`close` from another thread
-        while a call encodes makes that call raise ValueError, its records unwritten.
+        one), so the program runs meanwhile (``_tfenc.c``, "The detached drain"). Such a
+        call also writes its chunks to a regular file itself, still without the GIL, when
+        nothing must come before them (a loss to report, a new string or definition);
+        otherwise the chunks of the call go to the file in one write, the GIL held (the
+        drain thread of ``rethook record``: each time it lets the GIL go, a CPU-bound
+        program keeps it a switch interval once the drain wants it back, filling the ring
+        meanwhile). The caller's ring may then have a new array, of the same size.
+        Otherwise it is that very call. One thread at a time may use a writer;
+        :meth:`close` from another thread waits for a call in progress to end, and one
+        from ``name_of`` takes effect when the call ends.
 
         The C encoder keeps the names between calls (a ``_tfenc.NameCache``, released by
         :meth:`close`, holding the codes it names): a code's name is fixed for a recording
@@ -431,6 +441,17 @@ class TraceWriter:
         not once per code per call. It must name a code the same way every time; another
         ``name_of`` (not the same function, or method of the same object) starts afresh.
         """
+        with self._native_lock:
+            self._native_depth += 1
+            try:
+                return self._write_native(ring, tid, name_of)
+            finally:
+                self._native_depth -= 1
+                if self._close_pending and not self._native_depth:
+                    self._close_pending = False
+                    self._close()
+
+    def _write_native(self, ring: Any, tid: int, name_of: Callable[[Any], str]) -> int:
         self._check_open()
         self._check_own_section()
         if not self._native_encodable():
@@ -440,12 +461,18 @@ class TraceWriter:
         names = self._names
         if names is None:
             names = self._names = _tfenc.NameCache()
-        lost_before, lost_after, batches, events = _tfenc.encode_ring(
-            ring, tid, name_of, self._strings, new_strings, self._batch, names)
-        self._check_open()  # (closed by another thread while the GIL was released)
+        # The call may write its chunks to the file itself, without the GIL, when nothing
+        # this writer holds must come first (a definition not written yet)
+        fd = -1
+        if self._held and not (self._new_meta or self._new_formats or self._new_threads):
+            fd = self._file.fileno()
+        defined = sum(1 << fid for fid in self._formats if type(fid) is int and 0 <= fid < 64)
+        lost_before, lost_after, batches, events, written = _tfenc.encode_ring(
+            ring, tid, name_of, self._strings, new_strings, self._batch, names, fd, defined)
         if batches is None:  # records only the tuple path writes (a PRINT event...)
             return self.write_events(consumed_items((lost_before, events, lost_after), tid))
-        written = 0
+        written = written or 0  # the events of the chunks the call wrote (then batches: [])
+        self._events += written
         self._gathered = []
         try:
             if lost_before:
@@ -761,7 +788,15 @@ class TraceWriter:
         self._file.flush()
 
     def close(self) -> None:
-        """Write the END chunk and close (only a file this writer opened). Idempotent."""
+        """Write the END chunk and close (only a file this writer opened). Idempotent. A
+        :meth:`write_native` call in another thread ends first."""
+        with self._native_lock:
+            if self._native_depth:  # from write_native's own name_of: once it ends
+                self._close_pending = True
+                return
+            self._close()
+
+    def _close(self) -> None:
         if self._closed:
             return
         try:
