@@ -142,6 +142,43 @@ def test_pytest_test_functions_traced_and_probed(tmp_path: Path) -> None:
     assert len(probes) == 1 and "ret=None" in probes[0]
 
 
+def test_a_glob_for_test_modules_names_the_pattern_that_selects_them(tmp_path: Path) -> None:
+    """-l 'test_*' under -m pytest matches nothing when the filter is written (pytest imports
+    the test modules later): a usage error that says what to write instead, and what it
+    says records the suite's functions."""
+    (tmp_path / "test_mod.py").write_text(textwrap.dedent(SUITE))
+    out = tmp_path / "t.dat"
+    args = ("-m", "pytest", "-q", "-p", "no:cacheprovider", "test_mod.py")
+    refused = rethook("record", "-o", str(out), "-l", "test_*", *args, cwd=tmp_path)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert "no function matches 'test_*'" in refused.stderr
+    hint = re.search(r"for modules the program imports later: '([^']+)'", refused.stderr)
+    assert hint is not None and hint.group(1) == "*:mod:test_*", refused.stderr
+    traced = rethook("record", "-o", str(out), "-l", hint.group(1), *args, cwd=tmp_path)
+    assert traced.returncode == 0, traced.stderr
+    lines = report_lines(out)
+    assert calls_of(lines, "test_mod.test_add") == 1 and calls_of(lines, "test_mod.helper") == 1
+    refused = rethook("record", "-o", str(out), "-l", "*.test_*", *args, cwd=tmp_path)
+    assert refused.returncode == 2 and "'test_*:mod:MODULE'" in refused.stderr
+    traced = rethook("record", "-o", str(out), "-l", "test_*:mod:test_mod", *args, cwd=tmp_path)
+    assert traced.returncode == 0, traced.stderr
+    lines = report_lines(out)
+    assert calls_of(lines, "test_mod.test_items") == 1  # (and helper: 'test_mod.helper')
+
+
+def test_a_filter_nothing_ran_under_is_said(tmp_path: Path) -> None:
+    """A pattern for a module not imported yet is taken (as the kernel's ':mod:'); when no
+    function it selects ran, the summary says so rather than leave an empty trace
+    unexplained."""
+    (tmp_path / "test_mod.py").write_text(textwrap.dedent(SUITE))
+    traced = rethook("record", "-o", str(tmp_path / "t.dat"), "-l", "nothing_*:mod:test_mod",
+                     "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_mod.py",
+                     cwd=tmp_path)
+    assert traced.returncode == 0, traced.stderr
+    assert "0 events (0 lost)" in traced.stderr
+    assert "no function the filter selects ('nothing_*:mod:test_mod') ran" in traced.stderr
+
+
 def test_programs_still_run_unchanged(tmp_path: Path) -> None:
     """Discovery sees every code object of a program that generates code while it runs; the
     program's behaviour is untouched (``-l '*'``: everything, the stdlib included)."""

@@ -331,6 +331,21 @@ def test_error_rendering(reg: Registry) -> None:
     assert isinstance(exc.value, ValueError)
 
 
+@pytest.mark.parametrize(("text", "hint"), [
+    ("nosuch*", " (among the modules loaded so far; for modules the program imports later:"
+                " '*:mod:nosuch*')"),
+    ("*.nosuch_*", " (among the modules loaded so far; for a module the program imports"
+                   " later, name it: 'nosuch_*:mod:MODULE')"),
+    ("nosuchfunction", ""),  # an exact name: nothing to suggest
+])
+def test_a_glob_that_matches_nothing_yet_says_how_to_name_a_later_module(
+        reg: Registry, text: str, hint: str) -> None:
+    f = FunctionFilter(registry=reg)
+    with pytest.raises(FilterError) as exc:
+        f.write_filter(text)
+    assert exc.value.message == f"no function matches '{text}'{hint}"
+
+
 def test_commands_not_allowed_in_notrace(reg: Registry) -> None:
     f = FunctionFilter(registry=reg)
     with pytest.raises(FilterError) as exc:

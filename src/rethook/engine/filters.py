@@ -719,8 +719,8 @@ class _Resolver:
             return  # it selects every function, and some exist: no need to list them
         if not _index_for(self.registry, pattern).any(pattern) and \
                 not self.may_load_later(pattern):
-            raise FilterError(f"no function matches '{pattern.text}'", self.text,
-                              pattern.position + (1 if pattern.remove else 0))
+            raise FilterError(f"no function matches '{pattern.text}'{_later_hint(pattern)}",
+                              self.text, pattern.position + (1 if pattern.remove else 0))
 
     def may_load_later(self, pattern: Pattern) -> bool:
         """Whether the pattern names a module that is not imported yet (never imports), or
@@ -762,6 +762,22 @@ class _Resolver:
             except Exception:  # broken finders, odd names: not findable
                 return False
         return False
+
+
+def _later_hint(p: Pattern) -> str:
+    """Advice for a glob that matches none of the functions loaded so far: functions of a
+    module the program has not imported yet (a test module pytest collects, a plugin) are
+    selected by naming the module, as the kernel's ':mod:' names a module not loaded yet."""
+    if p.module is not None or not _has_glob(p.glob):
+        return ""
+    head, dot, rest = p.glob.partition(".")
+    if not dot:  # names are MODULE.QUALNAME: this glob names modules
+        return (f" (among the modules loaded so far; for modules the program imports later:"
+                f" '*:mod:{p.glob}')")
+    if _has_glob(head):
+        return (f" (among the modules loaded so far; for a module the program imports later,"
+                f" name it: '{rest}:mod:MODULE')")
+    return ""
 
 
 def _apply_pattern(entries: list[_Entry], p: Pattern, resolver: _Resolver) -> None:

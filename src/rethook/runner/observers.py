@@ -282,6 +282,11 @@ class Recorder(_Drain):
         self.events = writer.events_written
         totals = fs.ctx.buffer.totals()
         self.lost = totals.lost + (writer.sections_lost if writer is not None else 0)
+        patterns = fs.ctx.ftrace_filter.filter_patterns
+        if not self.events and not self.lost and patterns:  # nothing silently: say why
+            shown = ", ".join(f"'{p}'" for p in patterns[:4]) + (", ..." if patterns[4:] else "")
+            self.notes.append(f"no function the filter selects ({shown}) ran; see "
+                              "`rethook list -f PATTERN -- PROGRAM` for what it matches")
         if self.error is not None:  # what counts is what a reader will find in the file
             self.events = events_in_file(self._abspath)
             self.lost = max(self.lost, totals.written - self.events)
