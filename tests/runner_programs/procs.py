@@ -30,8 +30,10 @@ def tree(level):
 def main():
     total = 0
     for method in ("fork", "spawn", "forkserver"):
-        with multiprocessing.get_context(method).Pool(2) as pool:
-            total += len(pool.map(work, range(6)))
+        pool = multiprocessing.get_context(method).Pool(2)
+        total += len(pool.map(work, range(6)))
+        pool.close()  # (not the with block's terminate(): a worker still starting up when
+        pool.join()   # the other one did all the work would be killed before it ran)
     with concurrent.futures.ProcessPoolExecutor(2) as ex:
         total += len(list(ex.map(work, range(4))))
     print("work", total, flush=True)
