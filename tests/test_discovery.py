@@ -207,6 +207,36 @@ def test_code_first_run_inside_a_handler_is_discovered_when_the_program_runs_it(
     rec.assert_exactly_once()
 
 
+def test_rethooks_own_code_met_in_its_own_work_is_disabled(engine):
+    """rethook's own code (never hooked) met while rethook works outside the callbacks (a
+    notrace section: the registry's import hook, the drain) gets DISABLE at once, as code
+    nobody wants, not a callback at every later call; the program's code met there does not
+    (it is discovered when the program runs it). Code a handler runs makes no events at all
+    (CPython's monitoring is off inside a callback)."""
+    from rethook.engine import core
+
+    own = {"__name__": f"rethook.{fresh_name()}"}  # a module of rethook's own, by name
+    exec("def own_helper(x):\n    return x + 1\n", own)
+    other = {"__name__": fresh_name()}
+    exec("def other_helper(x):\n    return x + 2\n", other)
+    own_helper, other_helper = own["own_helper"], other["other_helper"]
+    rec = Recorder(f"*:mod:{fresh_name()} fib *:mod:{other['__name__']}")  # (discovery on)
+    engine.register_ftrace_graph(rec)
+    try:
+        with core.notrace():
+            own_helper(1)
+            other_helper(1)
+        assert id(own_helper.__code__) in core._disabled
+        assert id(other_helper.__code__) not in core._disabled
+        assert engine.registry.lookup(other_helper.__code__) is None
+        other_helper(2)  # the program's call: discovered, hooked, recorded
+        own_helper(2)  # rethook's: never
+    finally:
+        engine.unregister_ftrace_graph(rec)
+    assert rec.names() == ["other_helper"]
+    assert core.is_own_module(own["__name__"]) and not core.is_own_module(other["__name__"])
+
+
 def test_available_filter_functions_lists_generated_code(engine):
     name = fresh_name()
     fs = Tracefs()

@@ -112,6 +112,8 @@ static Py_ssize_t park_limit = 1024;
 /* Discovery (set_discovery): the registry's hook or NULL (off), its id(code) dict, core._disabled
  * and sys.monitoring.DISABLE. */
 static PyObject *discover_hook, *known_ids, *disabled_ids, *monitoring_disable;
+static PyObject *own_package, *own_prefix; /* core.OWN_PACKAGE, and it with a dot */
+static PyObject *s_name;                   /* "__name__" */
 
 /* ---------------------------------------------------------------------------------------- */
 /* The drain's turn at the GIL                                                               */
@@ -1821,9 +1823,31 @@ gen_direct_yield(PyThreadState *tstate, PyObject *ts, PyObject **pending)
 
 static PyObject *on_start(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
+/* Whether the code whose PY_START this is belongs to rethook's own modules (core.py's
+ * is_own_module(), by its globals' __name__): 1, 0, or -1 with an error. */
+static int
+own_code(void)
+{
+    PyObject *globals = PyEval_GetGlobals(); /* (borrowed: the frame the event is for) */
+    if (globals == NULL || !PyDict_Check(globals))
+        return 0;
+    PyObject *name = PyDict_GetItemWithError(globals, s_name);
+    if (name == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    if (!PyUnicode_Check(name))
+        return 0;
+    if (PyUnicode_Compare(name, own_package) == 0)
+        return 1;
+    if (PyErr_Occurred())
+        return -1;
+    Py_ssize_t r = PyUnicode_Tailmatch(name, own_prefix, 0, PY_SSIZE_T_MAX, -1);
+    return r < 0 ? -1 : (int)r;
+}
+
 /* PY_START of code that is not in the table (core.py's _sight, see "Discovery" there): unknown
- * code goes to the discovery hook (not while the thread is busy) and, if that hooked it, this
- * very call is dispatched; anything else gets DISABLE. */
+ * code goes to the discovery hook (not while the thread is busy: then it is let through, but
+ * rethook's own code is disabled at once) and, if that hooked it, this very call is
+ * dispatched; anything else gets DISABLE. */
 static PyObject *
 sight(PyObject *const *args, Py_ssize_t nargs, int busy)
 {
@@ -1834,11 +1858,17 @@ sight(PyObject *const *args, Py_ssize_t nargs, int busy)
     int known = key ? PyDict_Contains(known_ids, key) : -1;
     if (known < 0)
         goto error;
-    if (!known) {
-        if (busy) { /* a handler or rethook's own work: discovered when the program runs it */
+    if (!known && busy) {
+        int own = own_code();
+        if (own < 0)
+            goto error;
+        if (!own) { /* a handler or rethook's own work: discovered when the program runs it */
             Py_DECREF(key);
             Py_RETURN_NONE;
         }
+        /* (rethook's own code: disabled below, like code nobody wants) */
+    }
+    else if (!known) {
         PyObject *ts = current_ts_in(current_tstate(), 1);
         if (ts == NULL)
             goto error;
@@ -2854,8 +2884,16 @@ PyInit__ccore(void)
         return NULL;
     }
     if ((disabled_ids = PyObject_GetAttrString(core_mod, "_disabled")) == NULL ||
-        (monitoring_disable = PyObject_GetAttrString(core_mod, "_DISABLE")) == NULL)
+        (monitoring_disable = PyObject_GetAttrString(core_mod, "_DISABLE")) == NULL ||
+        (own_package = PyObject_GetAttrString(core_mod, "OWN_PACKAGE")) == NULL ||
+        (s_name = PyUnicode_InternFromString("__name__")) == NULL)
         return NULL;
+    if (!PyUnicode_Check(own_package) ||
+        (own_prefix = PyUnicode_FromFormat("%U.", own_package)) == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ImportError, "rethook: core.OWN_PACKAGE is not a str");
+        return NULL;
+    }
     if (!PySet_Check(disabled_ids)) {
         PyErr_SetString(PyExc_ImportError, "rethook: core._disabled is not a set");
         return NULL;

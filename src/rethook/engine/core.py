@@ -82,8 +82,10 @@ when the global event is turned off and on; only ``sys.monitoring.restart_events
 it. So the engine, after publishing a table that hooks code found in ``_disabled``, calls
 ``restart_events()`` (once per update) and empties ``_disabled``; and when another tool calls
 ``restart_events()``, code nobody hooks is seen once more and disabled again. While a thread is
-busy (a handler, rethook's own work) unknown code is not discovered (the hook takes locks): its
-call is let through and it is discovered when the program runs it.
+busy (rethook's own work in a ``notrace`` section; code a handler runs makes no events) unknown
+code is not discovered (the hook takes locks): its call is let through and it is discovered
+when the program runs it, except rethook's own code (``is_own_module`` of its globals'
+``__name__``), which is never hooked and is disabled at once.
 
 Contract of the hot path (what the C twin must match)
 -----------------------------------------------------
@@ -268,6 +270,17 @@ _known: Any = {}  # id(code) -> anything, for every code object the registry kno
 _disabled: set[int] = set()  # ids of code answered DISABLE since the last restart_events()
 _DISABLE = sys.monitoring.DISABLE
 _CO_NEWLOCALS = 0x0002  # co_flags of a function's code (not a module or class body)
+#: rethook's own package: its modules' code is never hooked (the kernel's notrace on the
+#: tracing code), so when rethook's own work meets it (the thread busy) it gets DISABLE at
+#: once, as code nobody wants, rather than a callback at every call (sqlglot: ~76 k of them,
+#: the registry's and the drain's Python). The C core reads it at import.
+OWN_PACKAGE = "rethook"
+
+
+def is_own_module(name: str) -> bool:
+    """Whether a module is rethook's own: never hooked, never listed, and not registered by
+    the registry's scans (it is a fifth of what a start-up scan meets)."""
+    return name == OWN_PACKAGE or name.startswith(OWN_PACKAGE + ".")
 
 
 class _ThreadEndGuard:
@@ -611,9 +624,12 @@ def _sight(code: CodeType, offset: int, up: int, busy: bool) -> Any:
     if discover is None:
         return None  # discovery is off: only hooked code has PY_START
     key = id(code)
-    if key not in _known:
-        if busy:
+    if key not in _known and busy:
+        module = _getframe(up + 1).f_globals.get("__name__")
+        if not (type(module) is str and is_own_module(module)):
             return None  # a handler or rethook's own work: discovered when the program runs it
+        # (rethook's own code: disabled below, like code nobody wants)
+    elif key not in _known:
         ts = _local.ts  # (made by _on_start)
         ts.busy = True  # the registry's work is rethook's (see the C core's sight())
         try:

@@ -80,7 +80,7 @@ from types import (
 from typing import Any
 
 from rethook.engine import forklocks
-from rethook.engine.core import notrace
+from rethook.engine.core import is_own_module, notrace
 from rethook.frozen import Frozen
 
 __all__ = ["FunctionInfo", "Registry", "Scope", "Within", "default_registry", "code_kind",
@@ -170,12 +170,6 @@ def code_kind(code: CodeType) -> str:
     if name in ("<listcomp>", "<setcomp>", "<dictcomp>"):  # only outside 3.12+'s inlining
         return "comprehension"
     return "function"
-
-
-def is_own_module(name: str) -> bool:
-    """rethook's own code (the kernel's ``notrace`` on the tracing code): never hooked, never
-    listed, and not registered by scans (it is a fifth of what a start-up scan meets)."""
-    return name == "rethook" or name.startswith("rethook.")
 
 
 def _is_synthetic(filename: str) -> bool:
