@@ -190,7 +190,7 @@ get32(const unsigned char *p)
 }
 
 /* The head of an EVTS chunk: its tag and its payload's length, the layout of tracefile.py's
- * _CHUNK_HEAD and TAG_EVENTS (which checks it at import: events_chunk_head()). */
+ * _CHUNK_HEAD and TAG_EVENTS (checked against them at import: check_chunk_head()). */
 #define CHUNK_HEAD_SIZE 8
 static inline void
 chunk_head(unsigned char head[CHUNK_HEAD_SIZE], uint64_t payload_len)
@@ -778,6 +778,18 @@ writev_all(int fd, struct iovec *iov, Py_ssize_t n)
     return 0;
 }
 
+/* writev_all()'s failure (err, not 0) as the OSError of the call named `who`. */
+static void
+write_failed(int err, const char *who)
+{
+    if (err == NOTHING_WRITTEN) {
+        PyErr_Format(PyExc_OSError, "%s: nothing written", who);
+        return;
+    }
+    errno = err;
+    PyErr_SetFromErrno(PyExc_OSError);
+}
+
 static PyObject *
 write_held(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -809,13 +821,8 @@ write_held(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     for (Py_ssize_t k = 0; k < n; k++)
         total += (Py_ssize_t)iov[k].iov_len;
     int err = writev_all(fd, iov, n);
-    if (err == NOTHING_WRITTEN) {
-        PyErr_SetString(PyExc_OSError, "write_held(): nothing written");
-        goto done;
-    }
     if (err != 0) {
-        errno = err;
-        PyErr_SetFromErrno(PyExc_OSError);
+        write_failed(err, "write_held()");
         goto done;
     }
     result = PyLong_FromSsize_t(total);
@@ -1628,7 +1635,7 @@ typedef struct {
     int fd;                /* the file the detached call may write its chunks to, or -1 */
     uint64_t defined;      /* the format ids the file has defined (bit fid) */
     Py_ssize_t written;    /* events the call wrote to fd (its chunks' counts), or -1 */
-    int write_errno;       /* the write to fd failed: errno */
+    int write_errno;       /* the write to fd failed: writev_all()'s answer; 0: it did not */
 } Fused;
 
 /* Name every readable record of the ring (its code, and a function record's parent), in
@@ -2716,12 +2723,8 @@ encode_detached(Fused *f, const rh_cring_api *api, const rh_round_api *round, Py
         count_detached(f, n);
     drop_counted(f);
     api->give_back(array, cap);
-    if (f->write_errno == NOTHING_WRITTEN) /* (call_result() counts the records lost) */
-        PyErr_SetString(PyExc_OSError, "encode_ring(): nothing written");
-    else if (f->write_errno != 0) {
-        errno = f->write_errno;
-        PyErr_SetFromErrno(PyExc_OSError);
-    }
+    if (f->write_errno != 0) /* (call_result() counts the records lost) */
+        write_failed(f->write_errno, "encode_ring()");
     *result = call_result(f, api, &t, enc, d.nenc, strings_start, table_start, local);
     return 0;
 

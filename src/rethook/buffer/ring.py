@@ -1012,36 +1012,45 @@ class TracePipe:
         passes or the pipe is closed ([])."""
         buffer = self._buffer
         deadline = None if timeout is None else time.monotonic() + timeout
-        # Right after a round that fed native rings, wait for the next wake before reading:
-        # what the program wrote while that round was encoded goes with the next one, not
-        # in a round of its own (richards: every wake made a round of ~67 k records and one
-        # of ~13 k, each a handoff of the GIL).
-        after_feed, self._fed = self._fed, False
+        if self._fed and not self._closed:
+            # Right after a round that fed native rings, wait for the next wake before
+            # reading: what the program wrote while that round was encoded goes with the next
+            # one, not in a round of its own (richards: every wake made a round of ~67 k
+            # records and one of ~13 k, each a handoff of the GIL).
+            wait, _, drain = self._next_wait(native_wait)
+            if drain:
+                if deadline is not None:
+                    wait = max(0.0, min(wait, deadline - time.monotonic()))
+                native_wait(wait, buffer._writers >= 2)  # type: ignore[misc]
+        self._fed = False
         while not self._closed:
-            wait = buffer._poll_seconds
-            native = native_wait is not None and wait <= NATIVE_PIPE_POLL_SECONDS
-            now = time.monotonic()
-            if native and now - buffer._python_at >= WRITERS_SECONDS:
-                wait = NATIVE_DRAIN_WAIT_SECONDS  # (a ring's wake mark ends it)
-                if after_feed:
-                    left = wait if deadline is None else min(wait, deadline - now)
-                    native_wait(max(left, 0.0), buffer._writers >= 2)
-            after_feed = False
             items = consume()
             if items is None or items:
                 self._fed = items is None
                 return items
-            now = time.monotonic()
+            wait, native, _ = self._next_wait(native_wait)
             if deadline is not None:
-                remaining = deadline - now
+                remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
                 wait = min(wait, remaining)
             if native:
-                native_wait(wait, buffer._writers >= 2)
+                native_wait(wait, buffer._writers >= 2)  # type: ignore[misc]
             else:
                 buffer._wait(wait)
         return []
+
+    def _next_wait(self, native_wait: Callable[[float, bool], object] | None
+                   ) -> tuple[float, bool, bool]:
+        """How long to wait before reading again; whether through ``native_wait`` (native
+        rings exist); whether it is the drain's long wait (only native rings wrote lately: a
+        ring's wake mark, not a poll, ends it)."""
+        buffer = self._buffer
+        wait = buffer._poll_seconds
+        native = native_wait is not None and wait <= NATIVE_PIPE_POLL_SECONDS
+        if native and time.monotonic() - buffer._python_at >= WRITERS_SECONDS:
+            return NATIVE_DRAIN_WAIT_SECONDS, True, True
+        return wait, native, False
 
     def __iter__(self) -> Iterator[Event | Lost]:
         return self
