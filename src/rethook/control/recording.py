@@ -27,7 +27,6 @@ from rethook.engine.core import notrace
 def instance_meta(fs: Tracefs, **extra: Any) -> dict[str, Any]:
     """The META keys of a trace recorded from a running process, read from the instance."""
     ctx = fs.ctx
-    now = time.time()
     meta: dict[str, Any] = {
         "tracer": fs.tracer.name,
         "options": ctx.options.as_dict(),
@@ -49,8 +48,7 @@ def instance_meta(fs: Tracefs, **extra: Any) -> dict[str, Any]:
         "clock": "monotonic_ns",
         "clock_source": clock.source,
         "attached": True,
-        "start_time": now,
-        "start_time_iso": clock.local_iso(now),
+        **clock.start_times(),
     }
     meta.update(extra)
     return meta

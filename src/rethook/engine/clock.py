@@ -7,7 +7,8 @@ and the native users read the same calibration (engine/clock.h explains it). Eve
 writer of events stamps them with ``now_ns`` too, so events merge in the order they happened.
 ``RETHOOK_CLOCK=monotonic`` forces the system clock.
 
-:func:`local_iso` writes a wall-clock time (``time.time()``) as the trace's metadata shows it.
+:func:`local_iso` writes a wall-clock time (``time.time()``) as the trace's metadata shows it;
+:func:`start_times` is a trace's two META keys for when it started.
 
 The calibration ends at the first reading (or when ``source`` or ``why`` is asked for), not
 at import: importing this module costs no wait.
@@ -41,6 +42,14 @@ def __getattr__(name: str) -> Any:
 def note() -> str:
     """One line for ``rethook --version``."""
     return f"clock: {__getattr__('source')} ({__getattr__('why')})"
+
+
+def start_times(t: float | None = None) -> dict[str, Any]:
+    """A trace's META ``start_time`` (``t``, or now: seconds since the epoch) and
+    ``start_time_iso`` (:func:`local_iso` of it)."""
+    if t is None:
+        t = time.time()
+    return {"start_time": t, "start_time_iso": local_iso(t)}
 
 
 def local_iso(t: float) -> str:

@@ -195,8 +195,8 @@ class Recorder(_Drain):
         self.size = 0
 
     def start(self, fs: Tracefs) -> None:
-        now = self.meta.setdefault("start_time", time.time())
-        self.meta.setdefault("start_time_iso", clock.local_iso(now))
+        for key, value in clock.start_times(self.meta.get("start_time")).items():
+            self.meta.setdefault(key, value)  # (unless the caller's meta has them)
         try:
             self.writer = TraceWriter(self._file, self.meta, formats=fs.ctx.formats,
                                       batch_events=self.batch_events)
@@ -282,14 +282,14 @@ class Recorder(_Drain):
         self.events = writer.events_written
         totals = fs.ctx.buffer.totals()
         self.lost = totals.lost + (writer.sections_lost if writer is not None else 0)
+        if self.error is not None:  # what counts is what a reader will find in the file
+            self.events = events_in_file(self._abspath)
+            self.lost = max(self.lost, totals.written - self.events)
         patterns = fs.ctx.ftrace_filter.filter_patterns
         if not self.events and not self.lost and patterns:  # nothing silently: say why
             shown = ", ".join(f"'{p}'" for p in patterns[:4]) + (", ..." if patterns[4:] else "")
             self.notes.append(f"no function the filter selects ({shown}) ran; see "
                               "`rethook list -f PATTERN -- PROGRAM` for what it matches")
-        if self.error is not None:  # what counts is what a reader will find in the file
-            self.events = events_in_file(self._abspath)
-            self.lost = max(self.lost, totals.written - self.events)
 
     def forget(self) -> None:
         self.sections = None

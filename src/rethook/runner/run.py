@@ -8,7 +8,6 @@ from __future__ import annotations
 import atexit
 import os
 import sys
-import time
 import types
 from collections.abc import Sequence
 from typing import Any
@@ -180,9 +179,7 @@ def child_meta(fs: Tracefs, parent: int, how: str) -> dict[str, Any]:
     from rethook.runner.observers import process_meta
 
     meta = process_meta(fs)
-    now = time.time()
-    meta.update(ppid=parent, how=how, argv=list(sys.argv), start_time=now,
-                start_time_iso=clock.local_iso(now))
+    meta.update(ppid=parent, how=how, argv=list(sys.argv), **clock.start_times())
     return meta
 
 
