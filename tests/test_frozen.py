@@ -1,5 +1,6 @@
 """rethook.frozen: the records that were frozen dataclasses behave as they did (repr, ==, hash,
-immutability, match, pickle and copy); TraceSettings as the plain dataclass it was."""
+immutability, match, pickle and copy); TraceSettings as the plain dataclass it was; the Rows
+that were NamedTuples as named tuples."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ import pickle
 import pytest
 
 from rethook.buffer.events import EventFormat, Field, Lost
+from rethook.buffer.ring import BufferStats
 from rethook.engine.coreapi import Capabilities
 from rethook.engine.filters import FilterCommand, Pattern
 from rethook.engine.registry import FunctionInfo
+from rethook.frozen import Row
 from rethook.runner.settings import TraceSettings
 
 
@@ -84,3 +87,35 @@ def test_trace_settings():
         hash(s)
     s.tracer = "function"  # mutable, as before
     assert s.tracer == "function"
+
+
+class _Point(Row):
+    x: int
+    y: int = 0  #: a default
+    label: str = "p"
+
+
+def test_rows_are_named_tuples():
+    p = _Point(1, 2)
+    assert p == (1, 2, "p") and isinstance(p, tuple) and p[1] == 2 and p.label == "p"
+    assert _Point(1) == (1, 0, "p") and _Point(x=3, label="q") == (3, 0, "q")
+    assert _Point._fields == ("x", "y", "label") and _Point.__match_args__ == _Point._fields
+    assert repr(p) == "_Point(x=1, y=2, label='p')"
+    assert p._asdict() == {"x": 1, "y": 2, "label": "p"}
+    assert p._replace(y=5) == (1, 5, "p") and type(p._replace()) is _Point
+    x, y, label = p
+    assert (x, y, label) == (1, 2, "p")
+    with pytest.raises(AttributeError):
+        p.x = 4  # type: ignore[misc]
+    with pytest.raises(TypeError, match="missing argument 'x'"):
+        _Point()
+    with pytest.raises(TypeError, match="takes 3 arguments"):
+        _Point(1, 2, "a", 4)
+    with pytest.raises(TypeError, match="unexpected arguments"):
+        _Point(1, z=2)
+    stats = BufferStats(1, 2, 3, 4)
+    assert pickle.loads(pickle.dumps(stats)) == stats and copy.copy(stats) == stats
+    assert type(pickle.loads(pickle.dumps(stats))) is BufferStats
+    match stats:
+        case BufferStats(entries, written):
+            assert (entries, written) == (1, 2)

@@ -4,7 +4,7 @@ Every run of ``rethook`` pays for the modules it imports (and a registry scan me
 function they define), so each command loads only what it uses: ``rethook --help`` loads
 click and the command line's own modules; ``record`` loads the engine, the ring buffer and the
 trace file writer, but not the probe machinery (``-e`` loads it), the text views (``stream``
-and ``report`` do), perfetto, rich, platform, tempfile, traceback or dataclasses. The traced
+and ``report`` do), perfetto, rich, platform, tempfile, traceback, dataclasses or typing. The traced
 program itself reports ``sys.modules`` here, as it sees them while it runs under ``rethook record``.
 """
 
@@ -94,6 +94,9 @@ def test_record_loads_no_probes_or_text_views(tmp_path):
     mods = _record(tmp_path)
     assert _loaded(mods, NOT_FOR_RECORD) == []
     assert _loaded(_ours(mods), STDLIB_LATER) == []
+    # typing (~3 ms, more with NamedTuple's annotations) is for type checkers only: names
+    # under TYPE_CHECKING, records made by rethook.frozen, the cores' Protocol in coreapi
+    assert _loaded(mods, ("typing", "rethook.engine.coreapi")) == []
     assert "rethook.buffer.tracefile" in mods  # the sanity of the check: it sees rethook
 
 

@@ -1,5 +1,5 @@
-"""Small records, made without dataclasses' start-up cost: immutable (:class:`Frozen`) and
-mutable (:class:`Fields`).
+"""Small records, made without dataclasses' start-up cost: immutable (:class:`Frozen`),
+mutable (:class:`Fields`) and named tuples (:class:`Row`).
 
 ``@dataclass(frozen=True, slots=True)`` writes its methods as source text and compiles them
 when the class is created: ~1 ms of every start-up per class (and importing dataclasses),
@@ -13,13 +13,21 @@ subclass lists its fields in ``__slots__`` and sets them in an ``__init__`` of i
 - assigning or deleting an attribute raises ``AttributeError`` ("cannot assign to field");
 - ``__match_args__``; ``pickle`` and ``copy`` make a new instance through ``__init__``.
 
+``typing.NamedTuple`` under ``from __future__ import annotations`` compiles each field's
+annotation when the class is made (~0.3 ms a class). A :class:`Row` subclass is written as a
+NamedTuple is (annotated fields, defaults for the last ones) and is a tuple with the same
+named fields, ``_fields``, ``_asdict()`` and ``_replace()``; its annotations stay strings.
+
 This module imports nothing of rethook's: every layer may use it.
 """
 
 from __future__ import annotations
 
-from operator import attrgetter
-from typing import Any
+from operator import attrgetter, itemgetter
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 
 class Frozen:
@@ -86,3 +94,53 @@ class Fields:
     def __repr__(self) -> str:
         fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)
         return f"{type(self).__qualname__}({fields})"
+
+
+class Row(tuple):
+    """Base of a named tuple whose fields are the class's annotated names, in order; a field
+    given a value in the class statement has it as its default (see the module)."""
+
+    __slots__ = ()
+    _fields: tuple[str, ...] = ()
+    _defaults: dict[str, Any] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        names = tuple(vars(cls).get("__annotations__", {}))
+        defaults = {name: vars(cls)[name] for name in names if name in vars(cls)}
+        cls._fields, cls._defaults = names, defaults
+        for i, name in enumerate(names):
+            setattr(cls, name, property(itemgetter(i), doc=f"Alias for field number {i}"))
+        cls.__match_args__ = names
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        names = cls._fields
+        if len(args) == len(names) and not kwargs:
+            return tuple.__new__(cls, args)
+        if len(args) > len(names):
+            raise TypeError(f"{cls.__name__}() takes {len(names)} arguments, {len(args)} given")
+        values = list(args)
+        for name in names[len(args):]:
+            if name in kwargs:
+                values.append(kwargs.pop(name))
+            elif name in cls._defaults:
+                values.append(cls._defaults[name])
+            else:
+                raise TypeError(f"{cls.__name__}() missing argument {name!r}")
+        if kwargs:
+            raise TypeError(f"{cls.__name__}() got unexpected arguments {sorted(kwargs)}")
+        return tuple.__new__(cls, values)
+
+    def __getnewargs__(self) -> tuple[Any, ...]:
+        return tuple(self)
+
+    def __repr__(self) -> str:
+        pairs = zip(self._fields, self, strict=True)
+        fields = ", ".join(f"{name}={value!r}" for name, value in pairs)
+        return f"{type(self).__qualname__}({fields})"
+
+    def _asdict(self) -> dict[str, Any]:
+        return dict(zip(self._fields, self, strict=True))
+
+    def _replace(self, **changes: Any) -> Any:
+        return type(self)(**{**self._asdict(), **changes})

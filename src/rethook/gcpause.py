@@ -15,8 +15,11 @@ This module imports nothing of rethook's: every layer may use it.
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
 from contextlib import contextmanager
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 _paused = False
 

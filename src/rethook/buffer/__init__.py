@@ -13,7 +13,10 @@ The names below are imported from their modules on first use: a reader of trace 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 #: Each name's module.
 _HOMES = {

@@ -29,11 +29,14 @@ unchanged (see docs/trace-format.md).
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Iterator
-from typing import Any
 
 from rethook.engine import clock
 from rethook.frozen import Frozen
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Iterator
+    from typing import Any
 
 #: The field types an event format may use, in the order of their type codes in the file.
 FIELD_TYPES: tuple[str, ...] = ("u64", "s64", "f64", "str", "bool")

@@ -12,13 +12,16 @@ see one kind of event, whoever wrote it).
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Iterable
 from operator import itemgetter
 from types import CodeType
-from typing import Any
 
 from rethook.buffer import schema
 from rethook.buffer.events import Event, Lost
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+    from typing import Any
 
 
 def check_c_schema(module: Any) -> str:
@@ -72,7 +75,8 @@ _PRINT = schema.PRINT.id
 RawRecord = tuple
 
 #: Names a code object (the registry's ``name``).
-NameOf = Callable[[CodeType], str]
+if TYPE_CHECKING:
+    NameOf = Callable[[CodeType], str]
 
 
 class NativeRingUnavailable(ImportError):

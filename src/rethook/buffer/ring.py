@@ -90,15 +90,19 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from itertools import zip_longest
 from operator import itemgetter
 from types import CodeType
-from typing import Any, NamedTuple
 
 from rethook.buffer import native as _native
 from rethook.buffer.events import Event, Lost
+from rethook.frozen import Row
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+    from typing import Any
 
 #: Nominal memory of one event, used to turn ``size_kb`` into an event count: a 6-item
 #: event tuple (88 bytes with its GC header), one fresh int for the timestamp (32 bytes;
@@ -161,7 +165,7 @@ def _drop_batch(page_events: int) -> int:
     return min(DROP_BATCH_EVENTS, page_events)
 
 
-class BufferStats(NamedTuple):
+class BufferStats(Row):
     """Counts since the last clear, as tracefs shows them."""
 
     entries: int  #: events held and not yet consumed ("entries-in-buffer")
@@ -170,7 +174,7 @@ class BufferStats(NamedTuple):
     read: int  #: events consumed by pipe readers
 
 
-class ThreadStats(NamedTuple):
+class ThreadStats(Row):
     """One thread's :class:`BufferStats`, with the thread's identity."""
 
     tid: int
@@ -924,7 +928,8 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 #: Takes a round that is one native ring's records: ``feed(ring, tid, name_of)`` consumes
 #: the ring (see :meth:`TraceBuffer._consume_or_feed`).
-NativeFeed = Callable[[Any, int, Callable[[CodeType], str]], None]
+if TYPE_CHECKING:
+    NativeFeed = Callable[[Any, int, Callable[[CodeType], str]], None]
 
 
 def _pair_time(pair: tuple[Event, Any]) -> int:

@@ -27,10 +27,8 @@ import sys
 import warnings
 import zlib
 from array import array
-from collections.abc import Callable, Iterable, Iterator, Mapping
 from itertools import accumulate, chain, compress, islice, repeat, zip_longest
 from operator import eq, itemgetter, sub
-from typing import IO, Any, NamedTuple
 
 from rethook.buffer.events import (
     COMMON_COUNT,
@@ -42,6 +40,12 @@ from rethook.buffer.events import (
     Lost,
 )
 from rethook.buffer.native import consumed_items
+from rethook.frozen import Row
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Iterator, Mapping
+    from typing import IO, Any
 
 #: First bytes of every trace file: a non-ASCII byte, the name, and line-ending bytes
 #: that a text-mode transfer would mangle (the PNG trick).
@@ -126,7 +130,7 @@ class TraceFileWarning(UserWarning):
 # -- integer widths -------------------------------------------------------------------
 
 
-class _Width(NamedTuple):  # (a NamedTuple: a dataclass costs ~1 ms of every start-up)
+class _Width(Row):  # (a Row: a dataclass costs ~1 ms of every start-up)
     code: int  # the byte in the file: size in bytes, | 0x80 when signed
     typecode: str  # the array typecode with that size and signedness
     lo: int
@@ -681,7 +685,7 @@ class TraceWriter:
         :class:`~rethook.buffer.ring.ThreadStats` items (counts of equal tids add up)."""
         self._check_open()
         table: dict[int, dict[str, Any]] = {}
-        if isinstance(stats, Mapping):
+        if isinstance(stats, dict):
             table = {int(tid): dict(counts) for tid, counts in stats.items()}
         else:
             for item in stats:

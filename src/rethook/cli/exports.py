@@ -3,10 +3,10 @@ and by the export itself (cli/reporting.py)."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from rethook.frozen import Row
 
 
-class Exporter(NamedTuple):
+class Exporter(Row):
     """One ``export --format``: where its writer is, what it writes."""
 
     module: str

@@ -11,13 +11,14 @@ This module imports no click: the quick path must not load it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
 from rethook import limits
 from rethook.frozen import Frozen
 from rethook.tracers import TRACER_NAMES
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:  # the runner loads the engine: only the command that runs a program needs it
+    from typing import Any
+
     from rethook.runner.settings import TraceSettings
 
 #: Default ``-b`` of record and stream (KiB per thread): about 64k events.

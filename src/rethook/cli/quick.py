@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING, Any, NoReturn
 
 from rethook.cli import options, running
 from rethook.cli.options import (
@@ -31,7 +30,10 @@ from rethook.cli.options import (
     split_program_args,
 )
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any, NoReturn
+
     from rethook.cli.options import Flag
 
 #: The flags this parser reads for each command (besides -m): record's and stream's trace

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NoReturn
 
 from rethook import gcpause
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any, NoReturn
+
     from rethook.control.tracefs import Tracefs
     from rethook.runner.follow import Follow
     from rethook.runner.program import Outcome, Program

@@ -9,9 +9,11 @@ Names are imported on first use, so ``rethook.control.listen()`` loads only the 
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any
+
     from rethook.control.channel import listen
     from rethook.control.client import RemoteTracefs
     from rethook.control.tracefs import Tracefs, TracefsError

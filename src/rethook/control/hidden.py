@@ -25,8 +25,11 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable
-from typing import Any
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
 
 #: Python's warning on ``os.fork()`` in a process with several threads.
 _FORK_WARNING = r"This process \(pid=\d+\) is multi-threaded, use of fork\(\) may lead"

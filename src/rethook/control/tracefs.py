@@ -18,9 +18,6 @@ raises :class:`TracefsError` naming the file and what was wrong with the text.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
-
 from rethook import limits
 from rethook.buffer.ring import TracePipe
 from rethook.engine.core import notrace
@@ -31,7 +28,10 @@ from rethook.tracers import TRACERS
 from rethook.tracers.base import OptionError, TraceContext, Tracer
 from rethook.tracers.commands import Commands
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
     from rethook.probes.events import ProbeEvent
     from rethook.tracers.profiler import FunctionProfiler, FunctionStat
 

@@ -17,8 +17,11 @@ at import: importing this module costs no wait.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from typing import Any
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
 
 try:
     from rethook.engine import _clock

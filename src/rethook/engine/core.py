@@ -103,17 +103,19 @@ after the call's bookkeeping is done.
 
 from __future__ import annotations
 
-import enum
 import sys
 import threading
 import time
-from collections.abc import Callable
 from types import CodeType, FrameType
-from typing import Any
 
 from rethook.engine import clock
-from rethook.engine.coreapi import Capabilities
+from rethook.engine.capabilities import Capabilities
 from rethook.engine.toolid import TOOL_NAME
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
 
 # Record layout (see the module docstring).
 REC_KEY = 0
@@ -145,8 +147,9 @@ DRAIN_POLL_SECONDS = 0.001
 
 
 # --- shadow-stack entries: the three kinds, told apart here only ------------------------------
-class EntryKind(enum.Enum):
-    """What a shadow-stack entry is (see the drawing in the module docstring)."""
+class EntryKind:
+    """What a shadow-stack entry is (see the drawing in the module docstring): constants
+    compared with ``is`` (an ``enum.Enum`` would cost ~2 ms of every start-up)."""
 
     MARKER = "marker"  # (code,): a plain function's call no user claimed, or overran
     DIRECT = "direct"  # (code, reg, capsule): one claim of a C user (fgraph_direct.h)

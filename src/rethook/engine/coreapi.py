@@ -4,10 +4,11 @@ A *core* is the hot path (the ``sys.monitoring`` callbacks and the per-thread sh
 Two implement :class:`HookCore`: the pure-Python reference (:class:`rethook.engine.core.PyCore`)
 and the C core (:class:`rethook.engine.select.CCore`); :func:`rethook.engine.select.choose_core`
 picks one. Whatever differs between them that the rest of rethook may depend on is in the
-core's :class:`Capabilities`, read in one place each: ``rethook --version`` prints them, the
-built-in tracers choose their native users from them (tracers/native.py), and the tests' core
-matrix (which cores to run the suite on, which tests need native users) comes from
-:func:`rethook.engine.select.available_cores`.
+core's :class:`~rethook.engine.capabilities.Capabilities` (re-exported here), read in one place
+each: ``rethook --version`` prints them, the built-in tracers choose their native users from
+them (tracers/native.py), and the tests' core matrix (which cores to run the suite on, which
+tests need native users) comes from :func:`rethook.engine.select.available_cores`. The cores
+import only the capabilities: this module is for type checking and the tests.
 """
 
 from __future__ import annotations
@@ -17,33 +18,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
-from rethook.frozen import Frozen
-
-
-class Capabilities(Frozen):
-    """What a hook core can do, beyond the contract every core keeps (core.py's docstring)."""
-
-    __slots__ = ("name", "direct_calls", "native_users")
-
-    #: ``"c"`` or ``"python"``: what ``RETHOOK_ENGINE`` names it by
-    name: str
-    #: It calls C users' hooks directly, with no Python object per call
-    #: (engine/fgraph_direct.h); the engine builds direct entries only for such a core.
-    direct_calls: bool
-    #: The built-in tracers' users written in C (tracers/_native.c) run on it: they share
-    #: the core's C thread cache, clock and direct calls.
-    native_users: bool
-
-    def __init__(self, name: str, direct_calls: bool, native_users: bool) -> None:
-        object.__setattr__(self, "name", name)
-        object.__setattr__(self, "direct_calls", direct_calls)
-        object.__setattr__(self, "native_users", native_users)
-
-    def describe(self) -> str:
-        """One line for ``rethook --version``."""
-        what = [n for n, on in (("direct calls", self.direct_calls),
-                                ("native users", self.native_users)) if on]
-        return f"core capabilities: {', '.join(what) or 'reference only (no C)'}"
+from rethook.engine.capabilities import Capabilities
 
 
 @runtime_checkable

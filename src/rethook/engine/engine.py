@@ -36,9 +36,7 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterable
 from types import CodeType, FrameType
-from typing import Any
 
 from rethook.engine import clock, forklocks, toolid
 from rethook.engine import core as _core
@@ -66,6 +64,11 @@ from rethook.engine.core import (
 from rethook.engine.filters import FunctionFilter
 from rethook.engine.registry import FunctionInfo, Registry, default_registry, is_own_module
 from rethook.engine.select import choose_core
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+    from typing import Any
 
 #: Number of graph-user slots (the kernel's FGRAPH_ARRAY_SIZE is 16).
 FGRAPH_ARRAY_SIZE = 64

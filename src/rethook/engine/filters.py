@@ -32,20 +32,23 @@ import re
 import sys
 import threading
 import weakref
-from collections.abc import Callable, Iterable
 from types import CodeType
-from typing import NamedTuple
 
 from rethook import limits
 from rethook.engine.registry import (
     FunctionInfo,
     Registry,
-    Scope,
     Within,
     default_registry,
     no_modules,
 )
-from rethook.frozen import Frozen
+from rethook.frozen import Frozen, Row
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+
+    from rethook.engine.registry import Scope
 
 __all__ = [
     "COMMANDS",
@@ -373,9 +376,9 @@ class _Compiled:
         return self.globs.hit(keys)
 
 
-class _Entry(NamedTuple):
+class _Entry(Row):
     """A pattern stored in a hash: an inclusion or (after ``!``) an exclusion. (The
-    internal records here are NamedTuples: each dataclass costs ~1 ms of every start-up.)"""
+    internal records here are Rows: each dataclass costs ~1 ms of every start-up.)"""
 
     pattern: Pattern
     include: bool
@@ -390,7 +393,8 @@ class _Entry(NamedTuple):
         return self.text if self.include else "!" + self.text
 
 
-Matcher = Callable[[FunctionInfo], bool]
+if TYPE_CHECKING:
+    Matcher = Callable[[FunctionInfo], bool]
 
 
 def _match_every(info: FunctionInfo) -> bool:
@@ -431,7 +435,7 @@ def _compile_hash(entries: tuple[_Entry, ...]) -> Matcher | None:
     return match_last
 
 
-class _State(NamedTuple):
+class _State(Row):
     """Everything a write produces, swapped in with one assignment (readers take no lock)."""
 
     filter: tuple[_Entry, ...] = ()

@@ -13,7 +13,10 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from typing import Any
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 #: Ranks: the order the locks are taken in (an engine method may update the registry).
 ENGINE, REGISTRY = 0, 1

@@ -67,7 +67,6 @@ import os
 import sys
 import threading
 import weakref
-from collections.abc import Callable, Iterable, Iterator
 from types import (
     AsyncGeneratorType,
     CodeType,
@@ -77,11 +76,15 @@ from types import (
     GeneratorType,
     ModuleType,
 )
-from typing import Any
 
 from rethook.engine import forklocks
 from rethook.engine.core import is_own_module, notrace
 from rethook.frozen import Frozen
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Iterator
+    from typing import Any
 
 __all__ = ["FunctionInfo", "Registry", "Scope", "Within", "default_registry", "code_kind",
            "is_own_module", "no_modules"]
@@ -204,9 +207,10 @@ class _Entry:
         self.order = order
 
 
-Subscriber = Callable[[list[FunctionInfo]], None]
-#: Which modules a listing needs complete: a test of module names (see Registry.functions).
-Scope = Callable[[str], bool]
+if TYPE_CHECKING:
+    Subscriber = Callable[[list[FunctionInfo]], None]
+    #: Which modules a listing needs complete: a test of module names (Registry.functions).
+    Scope = Callable[[str], bool]
 
 
 def no_modules(module: str) -> bool:

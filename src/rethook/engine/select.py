@@ -14,7 +14,11 @@ import os
 import sys
 
 from rethook.engine import core as _core
-from rethook.engine.coreapi import Capabilities, HookCore
+from rethook.engine.capabilities import Capabilities
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from rethook.engine.coreapi import HookCore
 
 ENV_VAR = "RETHOOK_ENGINE"
 _PURE = ("python", "py", "pure")

@@ -8,10 +8,9 @@ is imported when the first definition is written, so a trace without probes neve
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from rethook.tracers.formats import FIRST_DYNAMIC_ID
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from rethook.probes.dynevent import DeleteDefinition
     from rethook.probes.events import ProbeEvent, ProbeFormatter

@@ -23,12 +23,15 @@ fprobe (many functions by glob)::
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
 from types import CodeType, FrameType
-from typing import Any
 
 from rethook.engine.engine import Engine, FgraphOps, get_engine
 from rethook.engine.filters import FilterError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+    from typing import Any
 
 
 class ProbeError(ValueError):

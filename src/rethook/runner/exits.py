@@ -29,10 +29,13 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
 
 from rethook.control.hidden import leave_signals_to_the_program
 from rethook.engine.core import in_own_work, notrace
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 #: The signals whose default action ends the process and that a program is commonly ended by.
 FATAL_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP", "SIGQUIT")

@@ -36,11 +36,14 @@ import re
 import sys
 import threading
 import types
-from collections.abc import Callable, Iterator
-from typing import Any
 
 from rethook.buffer.tracefile import TAG_END, TraceTail, TraceWriter, iter_chunks
 from rethook.runner.settings import TraceSettings
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+    from typing import Any
 
 #: What the start-up hook is told, in the environment of a program the run starts.
 ENV_RUN = "RETHOOK_FOLLOW"

@@ -16,8 +16,6 @@ import stat
 import sys
 import time
 import types
-from collections.abc import Callable
-from typing import IO, Any
 
 import rethook
 from rethook.buffer.tracefile import DEFAULT_BATCH_EVENTS, TraceWriter, events_in_file
@@ -28,6 +26,11 @@ from rethook.engine.core import notrace
 from rethook.runner import exits
 from rethook.runner.program import Program
 from rethook.runner.settings import SettingError, TraceSettings
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import IO, Any
 
 #: How long a drain thread waits for events before looking again (it wakes at once when a
 #: page of events completes).

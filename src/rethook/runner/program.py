@@ -24,11 +24,14 @@ import os
 import sys
 import threading
 import types
-from collections.abc import Callable, Container, Iterator, Sequence
-from typing import Any
 
 from rethook import gcpause
 from rethook.engine.core import notrace
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Container, Iterator, Sequence
+    from typing import Any
 
 #: Most local modules the import walk reads, and most modules of a package compiled ahead.
 MAX_LOCAL_FILES = 500

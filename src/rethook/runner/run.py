@@ -9,8 +9,6 @@ import atexit
 import os
 import sys
 import types
-from collections.abc import Sequence
-from typing import Any
 
 from rethook.control.tracefs import Tracefs
 from rethook.engine import clock
@@ -20,6 +18,11 @@ from rethook.runner.follow import Follow
 from rethook.runner.observers import Observer, ProfileObserver, Recorder
 from rethook.runner.program import Outcome, Program, install_main, run_main
 from rethook.runner.settings import configure_leniently
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Any
 
 
 class Session:

@@ -11,10 +11,13 @@ from __future__ import annotations
 import json
 import re
 import sys
-from typing import Any
 
 from rethook.control.tracefs import Tracefs
 from rethook.runner.program import Program, prepare_package
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 
 class TraceSettings:

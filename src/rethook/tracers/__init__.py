@@ -13,9 +13,11 @@
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any
+
     from rethook.tracers.base import NopTracer, Tracer
     from rethook.tracers.function import FunctionTracer
     from rethook.tracers.function_graph import FunctionGraphTracer

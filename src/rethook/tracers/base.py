@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import reprlib
 from types import CodeType, FrameType
-from typing import Any
 
 from rethook.buffer.events import FormatRegistry, clock_ns
 from rethook.buffer.ring import TraceBuffer
@@ -14,6 +13,10 @@ from rethook.engine.engine import Engine, FtraceOps, get_engine
 from rethook.engine.filters import FunctionFilter
 from rethook.engine.registry import Registry
 from rethook.tracers.formats import builtin_registry
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 #: The trace options (``trace_options`` / ``options/*``) and their defaults, as in the kernel.
 OPTION_DEFAULTS: dict[str, bool] = {

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import threading
 from types import CodeType, FrameType
-from typing import Any
 
 from rethook.engine.core import FLAG_UNFINISHED
 from rethook.engine.engine import FgraphOps
@@ -31,6 +30,10 @@ from rethook.tracers.native import (
     native_unavailable,
     native_user,
 )
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 # What the entry data's kind says the exit has to do.
 _RECORD = 0  # a traced call: record its exit

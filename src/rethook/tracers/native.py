@@ -16,10 +16,12 @@ program's values with ``repr``, ``func_stack_trace`` walks frames.
 
 from __future__ import annotations
 
-from typing import Any
-
-from rethook.engine.coreapi import Capabilities
+from rethook.engine.capabilities import Capabilities
 from rethook.tracers.base import TraceContext
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 try:
     from rethook.tracers import _native
