@@ -237,6 +237,40 @@ def test_rethooks_own_code_met_in_its_own_work_is_disabled(engine):
     assert core.is_own_module(own["__name__"]) and not core.is_own_module(other["__name__"])
 
 
+def test_walked_bodies_run_without_the_discovery_hook(engine, tmp_path, monkeypatch):
+    """A module and class bodies the import hook walked (their nested code registered) are
+    answered by the core on their first run: no call of the discovery hook (sqlglot runs
+    ~1,200 class bodies as it is imported); their methods are hooked and recorded."""
+    name = fresh_name()
+    (tmp_path / f"{name}.py").write_text(textwrap.dedent("""
+        class A:
+            def f(self):
+                return 1
+
+        class B(A):
+            class Inner:
+                pass
+
+            def g(self):
+                return self.f() + 1
+    """))
+    asked = []
+    discover = engine.registry.discover
+    monkeypatch.setattr(engine.registry, "discover",
+                        lambda code, frame: asked.append(code.co_name) or discover(code, frame))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    rec = Recorder(f"*:mod:{name}")  # (discovery on: set with the patched hook)
+    engine.register_ftrace_graph(rec)
+    try:
+        mod = importlib.import_module(name)
+        assert mod.B().g() == 2
+    finally:
+        engine.unregister_ftrace_graph(rec)
+        sys.modules.pop(name, None)
+    assert not {"<module>", "A", "B", "Inner"} & set(asked)
+    assert sorted(rec.names()) == ["f", "g"]
+
+
 def test_available_filter_functions_lists_generated_code(engine):
     name = fresh_name()
     fs = Tracefs()

@@ -109,9 +109,9 @@ static Py_ssize_t max_depth = 65536;
 static int sweeping;
 static PyObject *overflow_hook; /* None or NULL: no hook */
 static Py_ssize_t park_limit = 1024;
-/* Discovery (set_discovery): the registry's hook or NULL (off), its id(code) dict, core._disabled
- * and sys.monitoring.DISABLE. */
-static PyObject *discover_hook, *known_ids, *disabled_ids, *monitoring_disable;
+/* Discovery (set_discovery): the registry's hook or NULL (off), its id(code) dicts of functions
+ * and of module and class bodies, core._disabled and sys.monitoring.DISABLE. */
+static PyObject *discover_hook, *known_ids, *known_bodies, *disabled_ids, *monitoring_disable;
 static PyObject *own_package, *own_prefix; /* core.OWN_PACKAGE, and it with a dot */
 static PyObject *s_name;                   /* "__name__" */
 
@@ -1856,6 +1856,9 @@ sight(PyObject *const *args, Py_ssize_t nargs, int busy)
     PyObject *code = args[0], *pending = NULL;
     PyObject *key = PyLong_FromVoidPtr(code);
     int known = key ? PyDict_Contains(known_ids, key) : -1;
+    if (known == 0 && known_bodies != NULL && PyCode_Check(code) &&
+        !(((PyCodeObject *)code)->co_flags & CO_NEWLOCALS))
+        known = PyDict_Contains(known_bodies, key); /* a body walked: no call needed */
     if (known < 0)
         goto error;
     if (!known && busy) {
@@ -2692,16 +2695,21 @@ set_overflow(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t narg
 static PyObject *
 set_discovery(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 2 || (args[0] != Py_None && !PyDict_Check(args[1]))) {
-        PyErr_SetString(PyExc_TypeError, "set_discovery(hook, known: dict) or (None, None)");
+    PyObject *bodies = nargs == 3 ? args[2] : Py_None;
+    if (nargs < 2 || nargs > 3 || (args[0] != Py_None && !PyDict_Check(args[1])) ||
+        (args[0] != Py_None && bodies != Py_None && !PyDict_Check(bodies))) {
+        PyErr_SetString(PyExc_TypeError,
+                        "set_discovery(hook, known: dict[, bodies: dict]) or (None, None)");
         return NULL;
     }
     if (args[0] == Py_None) {
         Py_CLEAR(discover_hook);
         Py_CLEAR(known_ids);
+        Py_CLEAR(known_bodies);
     }
-    else { /* known first: sight() reads the hook, then known */
+    else { /* the dicts first: sight() reads the hook, then them */
         Py_XSETREF(known_ids, Py_NewRef(args[1]));
+        Py_XSETREF(known_bodies, bodies == Py_None ? NULL : Py_NewRef(bodies));
         Py_XSETREF(discover_hook, Py_NewRef(args[0]));
     }
     Py_RETURN_NONE;
@@ -2755,7 +2763,8 @@ static PyMethodDef methods[] = {
     {"set_overflow", (PyCFunction)(void (*)(void))set_overflow, METH_FASTCALL,
      "set_overflow(hook, limit): hook() runs when more than limit records are parked."},
     {"set_discovery", (PyCFunction)(void (*)(void))set_discovery, METH_FASTCALL,
-     "set_discovery(hook, known): discover code not in known on its first call; (None, None) "
+     "set_discovery(hook, known[, bodies]): discover code not in known (nor, for a module or "
+     "class body, in bodies) on its first call; (None, None) "
      "turns it off."},
     {"accept_all", (PyCFunction)(void (*)(void))accept_all, METH_FASTCALL,
      "A native entry handler that accepts every call (entry data True)."},

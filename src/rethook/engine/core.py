@@ -70,7 +70,9 @@ engine has users, PY_START is also a *global* event of rethook's tool id, so the
 every code object reaches :func:`_on_start`; one that is not in ``_table`` goes to
 :func:`_sight`:
 
-* code the registry does not know is handed to the discovery hook (the registry names and
+* code the registry does not know (a module or class body it walked counts as known: its
+  nested code is registered; sqlglot runs ~1,200 class bodies as it is imported) is handed
+  to the discovery hook (the registry names and
   registers it, its subscribers hook it if a filter matches); if it is now in ``_table`` this
   very call is dispatched as a hooked one;
 * otherwise (known, or just registered and nobody wants it) the core returns
@@ -92,7 +94,7 @@ Contract of the hot path (what the C twin must match)
 Reads: ``_table`` (``id(code) -> (entry_regs, graph_regs, flags, marker, direct)``; a
 published table is never changed except by adding entries for code it did not hold; ``direct``
 is a direct entry or None, and this core ignores it), ``_max_depth``, ``_sweeping``, and for
-discovery ``_discover`` and ``_known``. Writes: the current thread's ``ThreadState``,
+discovery ``_discover``, ``_known`` and ``_bodies``. Writes: the current thread's ``ThreadState``,
 ``_parked`` and ``_disabled``. Calls: handlers of the registrations it finds, ``clock.now_ns``
 (only when ``flags & WANT_TIME``), ``sys._getframe`` (only when ``flags & WANT_FRAME``, or to
 discover code), the discovery hook. Returns ``sys.monitoring.DISABLE`` only from PY_START of
@@ -270,6 +272,7 @@ _dead_counts = [0, 0]  # recursion, overrun counters of threads that have ended
 # Discovery (see the module docstring): the registry's hook, None while discovery is off.
 _discover: Callable[[CodeType, FrameType | None], bool] | None = None
 _known: Any = {}  # id(code) -> anything, for every code object the registry knows
+_bodies: Any = {}  # id(code) -> anything, for module and class bodies it walked (no function)
 _disabled: set[int] = set()  # ids of code answered DISABLE since the last restart_events()
 _DISABLE = sys.monitoring.DISABLE
 _CO_NEWLOCALS = 0x0002  # co_flags of a function's code (not a module or class body)
@@ -627,12 +630,13 @@ def _sight(code: CodeType, offset: int, up: int, busy: bool) -> Any:
     if discover is None:
         return None  # discovery is off: only hooked code has PY_START
     key = id(code)
-    if key not in _known and busy:
+    known = key in _known or (not code.co_flags & _CO_NEWLOCALS and key in _bodies)
+    if not known and busy:
         module = _getframe(up + 1).f_globals.get("__name__")
         if not (type(module) is str and is_own_module(module)):
             return None  # a handler or rethook's own work: discovered when the program runs it
         # (rethook's own code: disabled below, like code nobody wants)
-    elif key not in _known:
+    elif not known:
         ts = _local.ts  # (made by _on_start)
         ts.busy = True  # the registry's work is rethook's (see the C core's sight())
         try:
@@ -911,7 +915,7 @@ class PyCore:
         tool_id = self.tool_id
         if tool_id is None:
             return None
-        self._discovery_state(None, None)
+        self._discovery_state(None, None, None)
         self._discovering = False
         self.tool_id = None
         if mon.get_tool(tool_id) != TOOL_NAME:
@@ -938,14 +942,15 @@ class PyCore:
         return self.GLOBAL_EVENTS | (self.DISCOVERY_EVENTS if self._discovering else 0)
 
     def set_discovery(self, hook: Callable[[CodeType, FrameType | None], bool] | None,
-                      known: Any = None) -> None:
+                      known: Any = None, bodies: Any = None) -> None:
         """Turn discovery on (see Discovery) or off (``hook`` None).
 
         ``hook(code, frame)`` is called on the first call of code whose id is not in ``known``
-        (a dict kept up to date by its owner); it registers the code and answers whether it
-        did (False: look again next time).
+        (a dict kept up to date by its owner), nor, for a module or class body, in ``bodies``
+        (the same for bodies, whose first run then needs no call); it registers the code and
+        answers whether it did (False: look again next time).
         """
-        self._discovery_state(hook, known)
+        self._discovery_state(hook, known, {} if bodies is None else bodies)
         self._discovering = hook is not None
         if self.tool_id is not None:
             sys.monitoring.set_events(self.tool_id, self._global_events())
@@ -973,9 +978,10 @@ class PyCore:
 
     @staticmethod
     def _discovery_state(hook: Callable[[CodeType, FrameType | None], bool] | None,
-                         known: Any) -> None:
-        global _discover, _known
+                         known: Any, bodies: Any = None) -> None:
+        global _discover, _known, _bodies
         _known = known if hook is not None else {}
+        _bodies = bodies if hook is not None and bodies is not None else {}
         _discover = hook
 
     @staticmethod

@@ -296,7 +296,8 @@ class Engine:
             self.core.set_overflow(self._parked_overflow, self._parked_limit)
             self._unsubscribe = self.registry.subscribe(self._on_new_functions)
             # code the import hook never sees (exec, other import hooks): on its first call
-            self.core.set_discovery(self.registry.discover, self.registry.known_ids())
+            self.core.set_discovery(self.registry.discover, self.registry.known_ids(),
+                                    self.registry.known_bodies())
             _active = self
 
     def check_hook(self) -> str | None:

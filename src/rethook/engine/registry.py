@@ -353,6 +353,12 @@ class Registry:
         cores that test membership on a hot path. Read only."""
         return self._by_id
 
+    def known_bodies(self) -> dict[int, weakref.ref[CodeType]]:
+        """``id(code) -> weak reference`` of the module and class bodies whose nested code is
+        registered: the live dict itself, for cores that answer a body's first run without
+        calling :meth:`discover` (an entry goes when its code does). Read only."""
+        return self._bodies
+
     def discover(self, code: CodeType, frame: FrameType | None) -> bool:
         """Register code met on its first execution (``frame`` is its running frame) and tell
         the subscribers about the functions found. Returns whether ``code`` is now known, or
