@@ -974,3 +974,67 @@ def test_a_stop_for_exit_delivers_the_open_calls_and_leaves_the_events():
     finally:
         engine.unregister_ftrace_graph(ops)
     assert sys.monitoring.get_local_events(tool, calls.leaf.__code__) == 0
+
+
+
+@needs_c
+def test_finished_frames_agrees_with_the_generators():
+    """The C core tells which parked frames' generators have finished from the frames alone
+    (collect_parked's question, which the pure core answers by walking every object's
+    referrers): suspended ones have not; closed, exhausted, collected ones have; generators,
+    coroutines and async generators alike."""
+    finished_frames = select.CCore.finished_frames
+
+    def gen():
+        yield 1
+        yield 2
+
+    async def coro():
+        await asyncio.sleep(0)
+
+    async def agen():
+        yield 1
+
+    def suspended_gen():
+        g = gen()
+        next(g)
+        return g, g.gi_frame
+
+    def suspended_coro():
+        c = coro()
+        c.send(None)
+        return c, c.cr_frame
+
+    def suspended_agen():
+        a = agen()
+        with pytest.raises(StopIteration):
+            a.asend(None).send(None)
+        return a, a.ag_frame
+
+    keep = []
+    frames, want = [], []
+    for make, finish in [(suspended_gen, None), (suspended_gen, "close"),
+                         (suspended_gen, "exhaust"), (suspended_gen, "drop"),
+                         (suspended_coro, None), (suspended_coro, "close"),
+                         (suspended_agen, None)]:
+        g, frame = make()
+        if finish == "close":
+            g.close()
+        elif finish == "exhaust":
+            list(g)
+        if finish != "drop":
+            keep.append(g)
+        del g
+        gc.collect()
+        frames.append(frame)
+        want.append(finish is not None)
+    done = finished_frames(frames)
+    assert [any(f is d for d in done) for f in frames] == want
+    for g in keep:
+        if hasattr(g, "aclose"):
+            with pytest.raises(StopIteration):
+                g.aclose().send(None)
+        else:
+            g.close()
+    with pytest.raises(TypeError):
+        finished_frames([object()])

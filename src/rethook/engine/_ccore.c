@@ -2631,6 +2631,43 @@ fail:
     return NULL;
 }
 
+/* finished_frames(frames): those of the frames (parked generators' and coroutines') whose
+ * generator has finished (what makes its gi_frame None: the frame state of the generator that
+ * holds the frame's data, _PyFrame_GetGenerator()) or gone (the frame object owns its data:
+ * take_ownership(), pycore_frame.h). None where the internal frame cannot be read. What
+ * collect_parked asked gc.get_referrers() on 3.13, where a closed generator can still hold its
+ * frame: a walk of the whole heap (~6 ms at sqlglot's end). */
+static PyObject *
+finished_frames(PyObject *Py_UNUSED(module), PyObject *frames)
+{
+#if RH_HAVE_IFRAME
+    PyObject *seq = PySequence_Fast(frames, "finished_frames() needs a sequence of frames");
+    if (seq == NULL)
+        return NULL;
+    PyObject *out = PyList_New(0);
+    for (Py_ssize_t i = 0; out != NULL && i < PySequence_Fast_GET_SIZE(seq); i++) {
+        PyObject *f = PySequence_Fast_GET_ITEM(seq, i);
+        if (!PyFrame_Check(f)) {
+            PyErr_Format(PyExc_TypeError, "finished_frames(): a %.100s is not a frame",
+                         Py_TYPE(f)->tp_name);
+            Py_CLEAR(out);
+        }
+        else {
+            _PyInterpreterFrame *data = ((PyFrameObject *)f)->f_frame;
+            int done = data->owner != FRAME_OWNED_BY_GENERATOR ||
+                       FRAME_STATE_FINISHED(_PyFrame_GetGenerator(data)->gi_frame_state);
+            if (done && PyList_Append(out, f) < 0)
+                Py_CLEAR(out);
+        }
+    }
+    Py_DECREF(seq);
+    return out;
+#else
+    (void)frames;
+    Py_RETURN_NONE;
+#endif
+}
+
 static PyObject *
 get_table(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(arg))
 {
@@ -2755,6 +2792,8 @@ static PyMethodDef methods[] = {
      "publish(table, added=None): swap in a new dispatch table {id(code): dispatch}, or (added"
      " given, table the one published) add those entries to it."},
     {"table", get_table, METH_NOARGS, "The dispatch dict last published."},
+    {"finished_frames", finished_frames, METH_O,
+     "finished_frames(frames): those whose generator has finished (None: cannot tell)."},
     {"lookup", lookup_py, METH_O, "The dispatch entry of a code object, or None."},
     {"set_max_depth", set_max_depth, METH_O, "Depth past which calls count as overruns."},
     {"max_depth", get_max_depth, METH_NOARGS, "The current max depth."},

@@ -1043,6 +1043,13 @@ class PyCore:
         return _parked
 
     @staticmethod
+    def finished_frames(frames: list[FrameType]) -> list[FrameType] | None:
+        """Those of ``frames`` (parked calls') whose generator or coroutine has finished, or
+        None when the core cannot tell from the frames alone (this one: the engine then asks
+        the garbage collector who holds them)."""
+        return None
+
+    @staticmethod
     def drain_wait(seconds: float, first: bool) -> bool:
         """Wait up to ``seconds`` without the GIL, then take it back, for the thread that
         writes the program's records out (the recorder's drain) between two rounds. The C

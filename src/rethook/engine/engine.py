@@ -798,7 +798,7 @@ class Engine:
         stop, at unregister, and when the parked table passes a high-water mark.
         """
         parked = self.core.parked()
-        dead = _dead_parked_frames(parked)
+        dead = _dead_parked_frames(parked, self.core.finished_frames)
         n = 0
         me = self.core.current_thread_state()
         was_busy = me.busy if me is not None else False
@@ -895,13 +895,19 @@ def _calibrate() -> int:
 _UNREFERENCED = _calibrate()
 
 
-def _dead_parked_frames(parked: dict[FrameType, list]) -> list[FrameType]:
+def _dead_parked_frames(parked: dict[FrameType, list],
+                        finished: Callable[[list[FrameType]], list[FrameType] | None]
+                        ) -> list[FrameType]:
     dead = []
     alive = []
     for frame, count in _refcounts(parked):
         (dead if count <= _UNREFERENCED + 1 else alive).append(frame)  # +1: the tuple we hold
     if alive and sys.version_info >= (3, 13):
-        # A closed generator can still hold its frame on 3.13: ask the generators themselves.
+        # A closed generator can still hold its frame on 3.13: the core reads the frames, or
+        # (the pure core) the generators are asked, found among every object's referrers.
+        done = finished(alive)
+        if done is not None:
+            return dead + done
         wanted = {id(f): f for f in alive}
         for obj in gc.get_referrers(*alive):
             if _finished_generator(obj):

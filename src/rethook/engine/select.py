@@ -68,6 +68,7 @@ if _ccore is not None:
         drain_end = staticmethod(_ccore.drain_end)
         drain_wake = staticmethod(_ccore.drain_wake)
         drain_blocking = staticmethod(_ccore.drain_blocking)
+        finished_frames = staticmethod(_ccore.finished_frames)
 else:
     CCore = None  # type: ignore[assignment,misc]
 
