@@ -219,6 +219,19 @@ def test_notrace_wins(reg: Registry) -> None:
     assert g.read_notrace() == "Session.send\n"
 
 
+@pytest.mark.parametrize("filt, notrace", [
+    ([], []), (["*"], []), (["*", "fib"], []), (["*"], ["fib*"]), (["fib*"], []),
+    (["*:mod:flt.extra"], []), ([], ["*:mod:flt.sample"]), (["!fib"], []),
+])
+def test_matching_takes_what_matches_takes(reg: Registry, filt: list[str],
+                                           notrace: list[str]) -> None:
+    """matching() (a module's new functions at once, as the engine hooks them) takes exactly
+    what matches() takes one by one, in order: at once only where the filter takes all."""
+    f = FunctionFilter(filt, notrace, registry=reg)
+    infos = [i for i in reg.functions() if i.module.startswith("flt.")]
+    assert f.matching(infos) == [i for i in infos if f.matches(i)]
+
+
 def test_select_keeps_equal_code_objects_apart(reg: Registry) -> None:
     # Code objects compare by value; two identical definitions on the same line of two files
     # are equal but distinct, and both must be selected.

@@ -514,7 +514,8 @@ class Engine:
         forever. The functions then wait in ``_late`` for that thread, which hooks them once
         its own work is done (``_untraced``); a call of one of them missed meanwhile is
         re-armed when it is hooked (``_rearm``)."""
-        late = [i for i in infos if not _own_code(i)]  # (own code is never hooked)
+        own = {m for m in {i.module for i in infos} if is_own_module(m)}
+        late = [i for i in infos if i.module not in own] if own else infos  # (never hooked)
         with self._late_lock:
             self._late += late
         self._hook_late()
@@ -530,10 +531,9 @@ class Engine:
                     continue
                 added: dict[int, CodeType] = {}
                 for ops, sel in self._selection.items():
-                    for info in infos:
-                        if ops.filter.matches(info):
-                            sel[id(info.code)] = info.code
-                            added[id(info.code)] = info.code
+                    chosen = {id(info.code): info.code for info in ops.filter.matching(infos)}
+                    sel.update(chosen)
+                    added.update(chosen)
                 if added:
                     self._hook_new(added)
             finally:
@@ -553,17 +553,21 @@ class Engine:
         keys = None if only is None else list(only)
         codes: dict[int, CodeType] = {}
         selected_by: dict[int, tuple[int, ...]] = {}  # code -> the indices of its users
-        for i, (ops, _, _) in enumerate(users):
-            sel = self._selection[ops]
-            for key, code in (sel.items() if keys is None
-                              else ((k, sel[k]) for k in keys if k in sel)):
-                codes[key] = code
-                selected_by[key] = selected_by.get(key, ()) + (i,)
+        if len(users) == 1:  # (the common case: every code's users are that one)
+            sel = self._selection[users[0][0]]
+            codes = sel if keys is None else {k: sel[k] for k in keys if k in sel}
+        else:
+            for i, (ops, _, _) in enumerate(users):
+                sel = self._selection[ops]
+                for key, code in (sel.items() if keys is None
+                                  else ((k, sel[k]) for k in keys if k in sel)):
+                    codes[key] = code
+                    selected_by[key] = selected_by.get(key, ()) + (i,)
         shared: dict[tuple[int, ...], tuple] = {}
         interned: dict[tuple, tuple] = {}
         out = {}
         for key, code in codes.items():
-            who = selected_by[key]
+            who = selected_by.get(key, (0,))
             parts = shared.get(who)
             if parts is None:
                 parts = shared[who] = self._shared_dispatch([users[i] for i in who])
@@ -624,7 +628,7 @@ class Engine:
     def _hook_new(self, codes: dict[int, CodeType]) -> None:
         """Hook functions no user had selected before (new in the registry): only their
         dispatch is built, and the published table grows in place by their entries."""
-        if any(key in self._table or key in self._events for key in codes):
+        if not (self._table.keys().isdisjoint(codes) and self._events.keys().isdisjoint(codes)):
             self._reconcile([])  # reported twice, or still draining: the general path
             return
         built = self._build(codes)

@@ -533,6 +533,15 @@ class FunctionFilter:
             return False
         return st.notrace_match is None or not st.notrace_match(info)
 
+    def matching(self, infos: list[FunctionInfo]) -> list[FunctionInfo]:
+        """Those of ``infos`` that :meth:`matches` takes, all at once where the filter takes
+        every function (``-l '*'``, or none given, and no notrace: a module's worth of new
+        functions is then not looked at one by one)."""
+        st = self._state
+        if st.notrace_match is None and st.filter_match in (None, _match_every):
+            return list(infos)
+        return [info for info in infos if self.matches(info)]
+
     def select(self) -> set[CodeType]:
         """The code objects of every registry function that matches.
 
