@@ -119,3 +119,14 @@ def test_rows_are_named_tuples():
     match stats:
         case BufferStats(entries, written):
             assert (entries, written) == (1, 2)
+
+
+def test_a_row_subclass_keeps_its_fields():
+    class Named(_Point):
+        def norm(self) -> int:
+            return abs(self.x) + abs(self.y)
+
+    assert Named(3, -4).norm() == 7 and Named._fields == _Point._fields
+    with pytest.raises(TypeError, match="declared in one class"):
+        class Wider(_Point):  # noqa: F841 - the class statement is the test
+            z: int

@@ -106,7 +106,14 @@ class Row(tuple):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        names = tuple(vars(cls).get("__annotations__", {}))
+        own = vars(cls).get("__annotations__")
+        if own is None:  # (where annotations are not kept in the class dict: 3.14)
+            own = getattr(cls, "__annotations__", None) or {}
+        if not own:  # a subclass that declares no field keeps its base's
+            return
+        if cls._fields:
+            raise TypeError(f"{cls.__name__}: a Row's fields are declared in one class")
+        names = tuple(own)
         defaults = {name: vars(cls)[name] for name in names if name in vars(cls)}
         cls._fields, cls._defaults = names, defaults
         for i, name in enumerate(names):
