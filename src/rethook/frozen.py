@@ -142,8 +142,7 @@ class Row(tuple):
         return tuple(self)
 
     def __repr__(self) -> str:
-        pairs = zip(self._fields, self, strict=True)
-        fields = ", ".join(f"{name}={value!r}" for name, value in pairs)
+        fields = ", ".join(f"{name}={value!r}" for name, value in self._asdict().items())
         return f"{type(self).__qualname__}({fields})"
 
     def _asdict(self) -> dict[str, Any]:

@@ -680,7 +680,7 @@ class TraceWriter:
 
     # -- other chunks -----------------------------------------------------------------------
 
-    def write_stats(self, stats: Mapping[int, Mapping[str, int]] | Iterable[Any]) -> None:
+    def write_stats(self, stats: dict[int, Mapping[str, int]] | Iterable[Any]) -> None:
         """Record per-thread counters: ``{tid: {"written": n, "lost": n, ...}}``, or
         :class:`~rethook.buffer.ring.ThreadStats` items (counts of equal tids add up)."""
         self._check_open()

@@ -950,7 +950,7 @@ class PyCore:
         (the same for bodies, whose first run then needs no call); it registers the code and
         answers whether it did (False: look again next time).
         """
-        self._discovery_state(hook, known, {} if bodies is None else bodies)
+        self._discovery_state(hook, known, bodies)
         self._discovering = hook is not None
         if self.tool_id is not None:
             sys.monitoring.set_events(self.tool_id, self._global_events())
