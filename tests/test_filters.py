@@ -232,6 +232,16 @@ def test_matching_takes_what_matches_takes(reg: Registry, filt: list[str],
     assert f.matching(infos) == [i for i in infos if f.matches(i)]
 
 
+def test_a_module_of_exec_code_is_found_without_an_earlier_scan() -> None:
+    """Code exec'd with a module name not in sys.modules: ``*:mod:NAME`` selects it whether or
+    not anything scanned the heap before (it was refused on a registry that had not)."""
+    ns = {"__name__": "flt_exec_only"}
+    exec("def f():\n    return 1\n", ns)
+    fresh = Registry()
+    f = FunctionFilter(["*:mod:flt_exec_only"], registry=fresh)
+    assert [i.name for i in f.select_infos()] == ["flt_exec_only.f"]
+
+
 def test_select_keeps_equal_code_objects_apart(reg: Registry) -> None:
     # Code objects compare by value; two identical definitions on the same line of two files
     # are equal but distinct, and both must be selected.

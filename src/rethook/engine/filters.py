@@ -730,8 +730,13 @@ class _Resolver:
         """Raise unless the pattern selects something or may once a module is imported."""
         if pattern.everything and self.registry.has_functions():
             return  # it selects every function, and some exist: no need to list them
+        # Asked again after may_load_later(): the first index takes a module that is not
+        # imported to hold no function (no heap scan at start-up), but code exec'd with that
+        # __name__ does; the scan may_load_later() makes to list modules finds it, so the
+        # answer does not depend on whether anything scanned before.
         if not _index_for(self.registry, pattern).any(pattern) and \
-                not self.may_load_later(pattern):
+                not self.may_load_later(pattern) and \
+                not _index_for(self.registry, pattern).any(pattern):
             raise FilterError(f"no function matches '{pattern.text}'{_later_hint(pattern)}",
                               self.text, pattern.position + (1 if pattern.remove else 0))
 
