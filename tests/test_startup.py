@@ -144,24 +144,42 @@ def test_record_of_a_program_without_functions_scans_nothing(tmp_path):
 
 def test_the_program_finds_the_collector_as_python_left_it(tmp_path):
     """record, stream and profile pause the cyclic GC for their own set-up (gcpause) and
-    resume it before the program's first line: the program sees what ``python`` gives it."""
+    resume it before the program's first line: the program finds it enabled, with Python's
+    thresholds, collecting the program's garbage; what existed before its first line is
+    frozen (a larger freeze count: rethook's objects stay out of every collection)."""
     prog = tmp_path / "prog.py"
     prog.write_text(textwrap.dedent("""
         import gc
+        import weakref
+
+        class Node:
+            pass
+
+        def cycle():
+            a, b = Node(), Node()
+            a.b, b.a = b, a
+            return weakref.ref(a)
 
         def show():
-            print(gc.isenabled(), gc.get_threshold(), gc.get_freeze_count())
+            ref = cycle()
+            gc.collect()
+            print(gc.isenabled(), gc.get_threshold(), ref() is None)
+            print("frozen", gc.get_freeze_count())
 
         show()
     """))
     plain = subprocess.run([sys.executable, str(prog)], capture_output=True, text=True,
                            timeout=120)
-    assert plain.stdout.startswith("True (")
+    state, frozen = plain.stdout.splitlines()
+    assert state.startswith("True (") and state.endswith(" True")
     for command in (["record", "-o", str(tmp_path / "t.dat")], ["stream"], ["profile"]):
         r = subprocess.run([sys.executable, "-m", "rethook", *command, str(prog)],
                            capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stderr
-        assert plain.stdout.strip() in r.stdout.splitlines(), command  # (stream: events too)
+        lines = r.stdout.splitlines()
+        assert state in lines, command  # (stream: events too)
+        counts = [int(line.split()[1]) for line in lines if line.startswith("frozen ")]
+        assert counts and counts[0] > int(frozen.split()[1]), command
 
 
 def test_a_command_that_fails_before_the_program_resumes_the_collector(tmp_path):

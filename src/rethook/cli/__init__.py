@@ -8,12 +8,14 @@ def entry() -> None:
     else goes through click.
     Importing click and the command line makes thousands of objects and no garbage, yet sets
     off several young collections (~4 ms): the cyclic GC is paused while they are imported
-    (rethook.gcpause)."""
+    (rethook.gcpause), and what exists when the program starts is frozen
+    (:func:`rethook.gcpause.own_process`)."""
     import sys
 
     from rethook import gcpause
     from rethook.cli import quick
 
+    gcpause.own_process()
     quick.run(sys.argv[1:])  # returns if click must read the command line
     with gcpause.paused():
         from rethook.cli.main import main as run

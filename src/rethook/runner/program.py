@@ -363,7 +363,7 @@ def run_main(program: Program, globals_: dict[str, Any], outcome: Outcome,
     ended."""
     # outermost: the code of the frame an uncaught exception's traceback starts at
     run, outermost = _runner(program, globals_)
-    gcpause.resume()  # (the command line paused it for its own start-up)
+    gcpause.resume(program_starts=True)  # (the command line paused it for its own start-up)
     tracing()
     try:
         run()
