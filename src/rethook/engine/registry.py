@@ -726,6 +726,13 @@ class Registry:
         by_id = self._by_id
         for f in funcs:
             code = f.__code__
+            if not code.co_flags & _CO_NEWLOCALS:
+                # A module or class body running now, in the function CPython makes to run it
+                # (PyEval_EvalCode, __build_class__): a scan at set-up finds the launcher's,
+                # ``python -m rethook``'s or the console script's ``__main__.<module>``, which
+                # would take the program's name. Bodies are named where they are loaded (the
+                # import hook, the program's add_code) or by discovery.
+                continue
             if id(code) not in by_id and id(code) not in seen:
                 seen.add(id(code))
                 fresh.append((f, code))
