@@ -46,6 +46,11 @@ RESEND_SECONDS = 0.005
 #: How long a fatal signal CPython received may stay without its handler run before it is
 #: raised again in the main thread (see check_signals).
 STUCK_SECONDS = 0.05
+#: How often check_signals reads the wakeup pipe at most: os.read() lets the GIL go, and in a
+#: call storm the drain's rounds come every millisecond or so, each handing the GIL to the
+#: program and waiting to get it back (~5% of a storm's run went to such handoffs).
+CHECK_SECONDS = STUCK_SECONDS / 2
+_checked_at = 0.0  # when check_signals last read the pipe
 #: After this many deferrals (2 s) the signal takes its effect, the trace unfinished.
 MAX_DEFERRALS = 400
 _deferred = 0
@@ -261,15 +266,20 @@ os.register_at_fork(before=_before_fork, after_in_parent=_unblock_after_fork,
 
 def check_signals() -> None:
     """Called by rethook's own threads (a drain round): a fatal signal CPython received whose
-    handler has not run after :data:`STUCK_SECONDS` is raised again in the main thread."""
+    handler has not run after :data:`STUCK_SECONDS` is raised again in the main thread. Looks
+    every :data:`CHECK_SECONDS` at most."""
+    global _checked_at
     wakeup = _wakeup
     if wakeup is None:
         return
+    now = time.monotonic()
+    if now - _checked_at < CHECK_SECONDS:
+        return
+    _checked_at = now
     try:
         data = os.read(wakeup[0], 256)
     except OSError:  # nothing there (non-blocking), or closed meanwhile
         data = b""
-    now = time.monotonic()
     for sig in set(data):
         if sig in FATAL_SIGNALS and sig not in _arrived:
             _arrived[sig] = now
