@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -252,9 +253,9 @@ def test_a_fatal_signal_whose_handler_did_not_run_is_raised_again(tmp_path: Path
 
 
 def test_the_default_filters_import_walk_reads_what_ast_reads() -> None:
-    """runner.program walks a local module's imports on the compiler's node types (no ``ast``
-    at start-up): the names, in order, are what ``ast.walk`` finds, on every module of a few
-    standard packages (syntax errors included: none)."""
+    """runner.program reads a local module's imports from its compiled code (no ``ast`` at
+    start-up): the names are what ``ast.walk`` finds, on every module of a few standard
+    packages (syntax errors included: none), each once (the order is the compiler's)."""
     import ast
     import sysconfig
 
@@ -279,4 +280,38 @@ def test_the_default_filters_import_walk_reads_what_ast_reads() -> None:
     files += [str(p) for p in sorted(Path(__file__).parent.rglob("*.py"))]
     assert len(files) > 100
     for path in files:
-        assert _imported_names(path) == by_ast(path), path
+        names = _imported_names(path)
+        assert len(names) == len(set(names)) and set(names) == set(by_ast(path)), path
+
+
+_SOURCES = [
+    "x = 1\n",
+    b"# -*- coding: latin-1 -*-\ns = '\xe9'\n",
+    "\ufeffs = 'bom'\n".encode("utf-8"),
+    "def f(a: int) -> 'str':\n    return [i async for i in a]\n",
+    "x = (",  # a syntax error
+    b"x = 1\x00",  # a null byte
+    "def f():\n    yield from g()\n\nclass C:\n    import os as o\n",
+]
+
+
+@pytest.mark.parametrize("source", _SOURCES)
+def test_compile_exec_compiles_as_compile_does(source: str | bytes) -> None:
+    """The program is compiled as compile(source, path, "exec", dont_inherit=True) would (no
+    __future__ flag of rethook's own leaks into it), without its AST check."""
+    from rethook.runner.program import compile_exec
+
+    def outcome(fn):
+        try:
+            return fn(source, "prog.py")
+        except (SyntaxError, ValueError) as e:
+            return type(e), e.args
+
+    want = outcome(lambda s, f: compile(s, f, "exec", dont_inherit=True))
+    assert outcome(compile_exec) == want
+    if isinstance(want, types.CodeType):  # the same code: annotations stay evaluated
+        ns: dict = {}
+        exec(outcome(compile_exec), ns)
+        f = ns.get("f")
+        if f is not None and getattr(f, "__annotations__", None):
+            assert f.__annotations__["a"] is int

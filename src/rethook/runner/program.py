@@ -28,6 +28,11 @@ import types
 from rethook import gcpause
 from rethook.engine.core import notrace
 
+try:
+    from rethook.engine._ccore import compile_source as _compile_source
+except ImportError:  # no C core built
+    _compile_source = None
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Container, Iterator, Sequence
@@ -35,6 +40,16 @@ if TYPE_CHECKING:
 
 #: Most local modules the import walk reads, and most modules of a package compiled ahead.
 MAX_LOCAL_FILES = 500
+
+
+def compile_exec(source: str | bytes, filename: str) -> types.CodeType:
+    """``compile(source, filename, "exec", dont_inherit=True)``: the program's own
+    ``__future__`` imports are its own. Through the C core where it is built, which skips
+    compile()'s check for an AST source (the ast module's node types, ~3 ms, made at the
+    first call in a process)."""
+    if _compile_source is not None:
+        return _compile_source(source, filename)
+    return compile(source, filename, "exec", dont_inherit=True)
 
 
 class ProgramError(Exception):
@@ -84,7 +99,7 @@ class Program:
             self._load_script(self.script)
         elif self.command is not None:
             # dont_inherit: this module's own __future__ imports must not leak into the program
-            self.code = compile(self.command, "<string>", "exec", dont_inherit=True)
+            self.code = compile_exec(self.command, "<string>")
             self.path0 = ""
             _set_path0(self.path0)
         else:
@@ -102,7 +117,7 @@ class Program:
         except OSError as e:
             raise ProgramError(f"can't open file {script!r}: [Errno {e.errno}] {e.strerror}") \
                 from None
-        self.code = compile(source, path, "exec", dont_inherit=True)
+        self.code = compile_exec(source, path)
         self.path = path
         self.path0 = os.path.dirname(os.path.realpath(path))  # as Python does: links resolved
         self.loader = importlib.machinery.SourceFileLoader("__main__", path)
@@ -148,7 +163,7 @@ class Program:
             if path in seen_files:
                 continue
             seen_files.add(path)
-            for name in _imported_names(path):
+            for name in _imported_names(path, self.code if path == self.path else None):
                 if name in top:
                     continue
                 found = _local_module(root, name)
@@ -274,30 +289,44 @@ def _find_spec_unimported(name: str) -> importlib.machinery.ModuleSpec | None:
     return spec
 
 
-def _imported_names(path: str) -> list[str]:
-    """Top-level names of the absolute imports anywhere in a source file, in ``ast.walk``'s
-    order (breadth first). Walked on the compiler's own node types (``_ast``, built in):
-    importing ``ast`` would cost the default filter ~5 ms of start-up."""
-    import _ast
+def _imported_names(path: str, code: types.CodeType | None = None) -> list[str]:
+    """Top-level names of the absolute imports anywhere in a source file (``code``: the file
+    compiled already), read from the ``IMPORT_NAME`` instructions of its code and of the code
+    nested in it, in that order: parsing the file with ``ast`` would make the ast module's
+    node types (~3 ms of start-up), ``dis`` costs its imports. Imports the compiler leaves
+    out (``if False:``) are not found: they never run."""
+    if code is None:
+        try:
+            with io.open_code(path) as f:
+                code = compile_exec(f.read(), path)
+        except (OSError, SyntaxError, ValueError):
+            return []
+    import opcode
 
-    try:
-        with io.open_code(path) as f:
-            tree = compile(f.read(), path, "exec", _ast.PyCF_ONLY_AST, dont_inherit=True)
-    except (OSError, SyntaxError, ValueError):
-        return []
+    ops = opcode.opmap
+    import_name, extended, cache = ops["IMPORT_NAME"], ops["EXTENDED_ARG"], ops["CACHE"]
+    load_const, small_int = ops["LOAD_CONST"], ops.get("LOAD_SMALL_INT")  # (3.14 has both)
     names: list[str] = []
-    todo = [tree]
-    for node in todo:  # (grows as it goes: breadth first)
-        if isinstance(node, _ast.Import):
-            names += [alias.name.split(".")[0] for alias in node.names]
-        elif isinstance(node, _ast.ImportFrom) and node.level == 0 and node.module:
-            names.append(node.module.split(".")[0])
-        for field in node._fields:
-            value = getattr(node, field, None)
-            if isinstance(value, _ast.AST):
-                todo.append(value)
-            elif isinstance(value, list):
-                todo += [item for item in value if isinstance(item, _ast.AST)]
+    todo = [code]
+    for c in todo:  # (grows as it goes: nested code after its parent)
+        todo += [k for k in c.co_consts if type(k) is types.CodeType]
+        raw = c.co_code  # (op, arg) pairs; inline caches are CACHE pairs
+        if import_name not in raw[::2]:
+            continue
+        ext = 0
+        level_at, fromlist_at = (cache, 0), (cache, 0)  # the two instructions before
+        for i in range(0, len(raw), 2):
+            op, arg = raw[i], raw[i + 1] | ext
+            ext = arg << 8 if op == extended else 0
+            if op == extended or op == cache:
+                continue
+            if op == import_name:  # LOAD_CONST level; LOAD_CONST fromlist; IMPORT_NAME name
+                level_op, level = level_at
+                if level_op == load_const:
+                    level = c.co_consts[level]
+                if level_op in (load_const, small_int) and level == 0:
+                    names.append(c.co_names[arg].split(".")[0])
+            level_at, fromlist_at = fromlist_at, (op, arg)
     return list(dict.fromkeys(names))
 
 
