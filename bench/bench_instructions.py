@@ -33,11 +33,20 @@ ALL = ("hello", "nbody", "sqlglot-import")
 _COLLECTED = re.compile(r"Collected : (\d+)")
 
 
+def _env(cwd: Path) -> dict[str, str]:
+    """The program's directory on the path; byte code cached, as users run (the program's
+    modules compiled from source would cost the same in both runs, and hide what rethook adds
+    to a compile-free start: compile() makes the ast module's types at its first call)."""
+    env = {**os.environ, "PYTHONPATH": str(cwd)}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
+
+
 def instructions(cmd: list[str], cwd: Path) -> int:
     """Instructions ``cmd`` executed, every thread and the whole process, by callgrind."""
     r = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *cmd],
                        cwd=cwd, capture_output=True, text=True, timeout=1800,
-                       env={**os.environ, "PYTHONPATH": str(cwd)})
+                       env=_env(cwd))
     found = _COLLECTED.search(r.stderr)
     if r.returncode != 0 or found is None:
         sys.exit(f"bench_instructions: {' '.join(cmd)} failed:\n{r.stderr[-2000:]}")
