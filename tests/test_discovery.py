@@ -357,3 +357,96 @@ def test_first_call_at_the_recursion_limit(engine):
     assert engine.stats()["internal_errors"] == errors
     assert rec.names() in (["dx_deep"], ["dx_deep", "dx_deep"])
     rec.assert_exactly_once()
+
+
+def _armed(engine, code) -> bool:
+    """Whether rethook's local events are set on ``code`` (what hooking it does)."""
+    return sys.monitoring.get_local_events(engine.tool_id, code) != 0
+
+
+def test_a_modules_functions_are_hooked_at_their_first_call(engine, tmp_path, monkeypatch):
+    """The functions a filter selects as their module loads are hooked when each is first
+    called (most never are): the first call recorded like every other, the ones never
+    called listed as enabled but costing nothing (no local events set)."""
+    name = fresh_name()
+    (tmp_path / f"{name}.py").write_text(textwrap.dedent("""
+        def dx_outer(n):
+            return [dx_inner(i) for i in range(n)]
+
+        def dx_inner(i):
+            return i * 2
+
+        def dx_unused():
+            return 0
+
+        class K:
+            def dx_method(self):
+                return dx_inner(5)
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    rec = Recorder(f"*:mod:{name}")
+    engine.register_ftrace_graph(rec)
+    try:
+        mod = importlib.import_module(name)
+        selected = {i.code.co_name for i, _, _ in engine.enabled_functions()
+                    if i.module == name}
+        assert {"dx_outer", "dx_inner", "dx_unused", "dx_method"} <= selected
+        assert not any(_armed(engine, f.__code__) for f in (mod.dx_outer, mod.dx_unused))
+        assert mod.dx_outer(3) == [0, 2, 4]
+        assert mod.K().dx_method() == 10
+        assert _armed(engine, mod.dx_outer.__code__) and _armed(engine, mod.dx_inner.__code__)
+        assert not _armed(engine, mod.dx_unused.__code__)
+        assert mod.dx_unused() == 0  # (its first call, after the others': hooked now)
+    finally:
+        engine.unregister_ftrace_graph(rec)
+        sys.modules.pop(name, None)
+    calls = [n for n in rec.names() if n.startswith("dx_")]
+    assert calls == ["dx_outer"] + ["dx_inner"] * 3 + ["dx_method", "dx_inner", "dx_unused"]
+    rec.assert_exactly_once()
+
+
+def test_a_function_first_run_in_rethooks_work_is_hooked_when_the_program_calls_it(
+        engine, tmp_path, monkeypatch):
+    """A selected function not hooked yet, first run inside rethook's own work (a notrace
+    section), is neither recorded nor disabled there: the program's first call hooks it."""
+    from rethook.engine import core
+
+    name = fresh_name()
+    (tmp_path / f"{name}.py").write_text("def dx_late(x):\n    return x + 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    rec = Recorder(f"*:mod:{name}")
+    engine.register_ftrace_graph(rec)
+    try:
+        mod = importlib.import_module(name)
+        with core.notrace():
+            assert mod.dx_late(1) == 2
+        assert id(mod.dx_late.__code__) not in engine.core.disabled()
+        assert not _armed(engine, mod.dx_late.__code__)
+        assert [mod.dx_late(i) for i in range(3)] == [1, 2, 3]
+    finally:
+        engine.unregister_ftrace_graph(rec)
+        sys.modules.pop(name, None)
+    assert rec.names() == ["dx_late"] * 3
+    rec.assert_exactly_once()
+
+
+def test_a_filter_change_hooks_the_functions_left_for_their_first_call(
+        engine, tmp_path, monkeypatch):
+    """Writing a filter rebuilds every hooked function's dispatch: the ones left for their
+    first call are hooked then, with the rest."""
+    name = fresh_name()
+    (tmp_path / f"{name}.py").write_text("def dx_a():\n    return 1\n\ndef dx_b():\n    return 2\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    rec = Recorder(f"*:mod:{name}")
+    engine.register_ftrace_graph(rec)
+    try:
+        mod = importlib.import_module(name)
+        assert not _armed(engine, mod.dx_a.__code__)
+        rec.set_filter(f"*:mod:{name} fib")
+        assert _armed(engine, mod.dx_a.__code__) and _armed(engine, mod.dx_b.__code__)
+        assert mod.dx_a() + mod.dx_b() == 3
+    finally:
+        engine.unregister_ftrace_graph(rec)
+        sys.modules.pop(name, None)
+    assert rec.names() == ["dx_a", "dx_b"]
+    rec.assert_exactly_once()

@@ -112,6 +112,9 @@ static Py_ssize_t park_limit = 1024;
 /* Discovery (set_discovery): the registry's hook or NULL (off), its id(code) dicts of functions
  * and of module and class bodies, core._disabled and sys.monitoring.DISABLE. */
 static PyObject *discover_hook, *known_ids, *known_bodies, *disabled_ids, *monitoring_disable;
+/* Hooking on first call (set_discovery): the engine's dict id(code) -> code of functions its
+ * users selected but not hooked yet, and its arm(code), which hooks one; or NULL. */
+static PyObject *unarmed_ids, *arm_hook;
 static PyObject *own_package, *own_prefix; /* core.OWN_PACKAGE, and it with a dot */
 static PyObject *s_name;                   /* "__name__" */
 
@@ -1848,6 +1851,44 @@ own_code(void)
  * code goes to the discovery hook (not while the thread is busy: then it is let through, but
  * rethook's own code is disabled at once) and, if that hooked it, this very call is
  * dispatched; anything else gets DISABLE. */
+static PyObject *on_start(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+
+/* PY_START of a function the engine's users selected and left to hook at its first call
+ * (set_discovery's unarmed): the engine's arm(code) hooks it, then this call is dispatched
+ * as a hooked one. Not hooked (the engine busy in another thread, or stopped): nothing now,
+ * the next call asks again (PY_START stays enabled). */
+static PyObject *
+arm_and_start(PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *code = args[0], *pending = NULL;
+    PyObject *ts = current_ts_in(current_tstate(), 1);
+    PyObject *hook = arm_hook != NULL ? Py_NewRef(arm_hook) : NULL;
+    if (ts == NULL || hook == NULL) {
+        Py_XDECREF(hook);
+        if (ts == NULL)
+            stash_error(&pending);
+        return finish(pending);
+    }
+    Py_INCREF(ts);
+    SET_BUSY(ts, 1); /* the engine's work is rethook's (as the registry's in sight()) */
+    PyObject *r = PyObject_CallOneArg(hook, code);
+    Py_DECREF(hook);
+    SET_BUSY(ts, 0);
+    Py_DECREF(ts);
+    if (r == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_RecursionError)) {
+            PyErr_Clear(); /* the program is at its recursion limit: the next call */
+            Py_RETURN_NONE;
+        }
+        stash_error(&pending);
+        return finish(pending);
+    }
+    Py_DECREF(r);
+    if (lookup(code) != NULL)
+        return on_start(NULL, args, nargs);
+    Py_RETURN_NONE;
+}
+
 static PyObject *
 sight(PyObject *const *args, Py_ssize_t nargs, int busy)
 {
@@ -1861,6 +1902,17 @@ sight(PyObject *const *args, Py_ssize_t nargs, int busy)
         known = PyDict_Contains(known_bodies, key); /* a body walked: no call needed */
     if (known < 0)
         goto error;
+    if (known && unarmed_ids != NULL) {
+        int u = PyDict_Contains(unarmed_ids, key);
+        if (u < 0)
+            goto error;
+        if (u) { /* selected, hooked at its first call: now, or the program's next one */
+            Py_DECREF(key);
+            if (busy)
+                Py_RETURN_NONE;
+            return arm_and_start(args, nargs);
+        }
+    }
     if (!known && busy) {
         int own = own_code();
         if (own < 0)
@@ -1897,6 +1949,13 @@ sight(PyObject *const *args, Py_ssize_t nargs, int busy)
         if (lookup(code) != NULL) { /* a filter wants it: this very call is a hooked one */
             Py_DECREF(key);
             return on_start(NULL, args, nargs);
+        }
+        int u = unarmed_ids != NULL ? PyDict_Contains(unarmed_ids, key) : 0;
+        if (u < 0)
+            goto error;
+        if (u) { /* registered just now, to be hooked at its first call: this one */
+            Py_DECREF(key);
+            return arm_and_start(args, nargs);
         }
         if (!seen || discover_hook == NULL) { /* not registered now (look again next time),
                                                  * or the engine stopped meanwhile */
@@ -2732,21 +2791,29 @@ set_overflow(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t narg
 static PyObject *
 set_discovery(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
-    PyObject *bodies = nargs == 3 ? args[2] : Py_None;
-    if (nargs < 2 || nargs > 3 || (args[0] != Py_None && !PyDict_Check(args[1])) ||
-        (args[0] != Py_None && bodies != Py_None && !PyDict_Check(bodies))) {
+    PyObject *bodies = nargs >= 3 ? args[2] : Py_None;
+    PyObject *unarmed = nargs >= 4 ? args[3] : Py_None, *arm = nargs == 5 ? args[4] : Py_None;
+    if (nargs < 2 || nargs > 5 || (args[0] != Py_None && !PyDict_Check(args[1])) ||
+        (args[0] != Py_None && bodies != Py_None && !PyDict_Check(bodies)) ||
+        (args[0] != Py_None && unarmed != Py_None &&
+         (!PyDict_Check(unarmed) || !PyCallable_Check(arm)))) {
         PyErr_SetString(PyExc_TypeError,
-                        "set_discovery(hook, known: dict[, bodies: dict]) or (None, None)");
+                        "set_discovery(hook, known: dict[, bodies: dict[, unarmed: dict, "
+                        "arm]]) or (None, None)");
         return NULL;
     }
     if (args[0] == Py_None) {
         Py_CLEAR(discover_hook);
+        Py_CLEAR(unarmed_ids);
+        Py_CLEAR(arm_hook);
         Py_CLEAR(known_ids);
         Py_CLEAR(known_bodies);
     }
     else { /* the dicts first: sight() reads the hook, then them */
         Py_XSETREF(known_ids, Py_NewRef(args[1]));
         Py_XSETREF(known_bodies, bodies == Py_None ? NULL : Py_NewRef(bodies));
+        Py_XSETREF(arm_hook, unarmed == Py_None ? NULL : Py_NewRef(arm));
+        Py_XSETREF(unarmed_ids, unarmed == Py_None ? NULL : Py_NewRef(unarmed));
         Py_XSETREF(discover_hook, Py_NewRef(args[0]));
     }
     Py_RETURN_NONE;

@@ -75,6 +75,10 @@ every code object reaches :func:`_on_start`; one that is not in ``_table`` goes 
   to the discovery hook (the registry names and
   registers it, its subscribers hook it if a filter matches); if it is now in ``_table`` this
   very call is dispatched as a hooked one;
+* code the engine's users selected but left to hook at its first call (``_unarmed``: the
+  functions of a module as it is registered; most never run) is hooked by the engine's arm
+  hook now, and this very call is dispatched as a hooked one (while the thread is busy it is
+  let through: hooked when the program calls it);
 * otherwise (known, or just registered and nobody wants it) the core returns
   ``sys.monitoring.DISABLE``: that code's PY_START location costs nothing from then on. Its id
   goes into ``_disabled``.
@@ -91,16 +95,17 @@ when the program runs it, except rethook's own code (``is_own_module`` of its gl
 
 Contract of the hot path (what the C twin must match)
 -----------------------------------------------------
-Reads: ``_table`` (``id(code) -> (entry_regs, graph_regs, flags, marker, direct)``; a
-published table is never changed except by adding entries for code it did not hold; ``direct``
-is a direct entry or None, and this core ignores it), ``_max_depth``, ``_sweeping``, and for
-discovery ``_discover``, ``_known`` and ``_bodies``. Writes: the current thread's ``ThreadState``,
-``_parked`` and ``_disabled``. Calls: handlers of the registrations it finds, ``clock.now_ns``
-(only when ``flags & WANT_TIME``), ``sys._getframe`` (only when ``flags & WANT_FRAME``, or to
-discover code), the discovery hook. Returns ``sys.monitoring.DISABLE`` only from PY_START of
-code that is not in ``_table`` (never for a hooked function, never for any other event), never
-raises into the program except a ``KeyboardInterrupt``/``SystemExit`` from a handler, re-raised
-after the call's bookkeeping is done.
+Reads: ``_table`` (``id(code) -> (entry_regs, graph_regs, flags, marker, direct)``; a published
+table is never changed except by adding entries for code it did not hold; ``direct`` is a
+direct entry or None, and this core ignores it), ``_max_depth``, ``_sweeping``, and for
+discovery ``_discover``, ``_known``, ``_bodies`` and ``_unarmed``. Writes: the current thread's
+``ThreadState``, ``_parked`` and ``_disabled``. Calls: handlers of the registrations it finds,
+``clock.now_ns`` (only when ``flags & WANT_TIME``), ``sys._getframe`` (only when ``flags &
+WANT_FRAME``, or to discover code), the discovery hook and the arm hook. Returns
+``sys.monitoring.DISABLE`` only from PY_START of code that is not in ``_table`` (never for a
+hooked function, never for any other event), never raises into the program except a
+``KeyboardInterrupt``/``SystemExit`` from a handler, re-raised after the call's bookkeeping
+is done.
 """
 
 from __future__ import annotations
@@ -273,6 +278,8 @@ _dead_counts = [0, 0]  # recursion, overrun counters of threads that have ended
 _discover: Callable[[CodeType, FrameType | None], bool] | None = None
 _known: Any = {}  # id(code) -> anything, for every code object the registry knows
 _bodies: Any = {}  # id(code) -> anything, for module and class bodies it walked (no function)
+_unarmed: Any = {}  # id(code) -> code: selected by the engine's users, hooked at first call
+_arm: Callable[[CodeType], None] | None = None  # the engine's: hooks one of _unarmed
 _disabled: set[int] = set()  # ids of code answered DISABLE since the last restart_events()
 _DISABLE = sys.monitoring.DISABLE
 _CO_NEWLOCALS = 0x0002  # co_flags of a function's code (not a module or class body)
@@ -631,6 +638,8 @@ def _sight(code: CodeType, offset: int, up: int, busy: bool) -> Any:
         return None  # discovery is off: only hooked code has PY_START
     key = id(code)
     known = key in _known or (not code.co_flags & _CO_NEWLOCALS and key in _bodies)
+    if known and key in _unarmed:  # hooked at its first call: now, or the program's next one
+        return None if busy else _arm_and_start(code, offset, up)
     if not known and busy:
         module = _getframe(up + 1).f_globals.get("__name__")
         if not (type(module) is str and is_own_module(module)):
@@ -650,6 +659,8 @@ def _sight(code: CodeType, offset: int, up: int, busy: bool) -> Any:
             ts.busy = False
         if key in _table:  # a filter wants it: this very call is a hooked one
             return _on_start(code, offset, up + 2)
+        if key in _unarmed:  # registered just now, to be hooked at its first call: this one
+            return _arm_and_start(code, offset, up)
         if not seen or _discover is None:
             return None  # not registered now (look again next time), or the engine stopped
     if code.co_flags & _CO_NEWLOCALS:  # (a module or class body is never hooked: not noted)
@@ -659,6 +670,29 @@ def _sight(code: CodeType, offset: int, up: int, busy: bool) -> Any:
     if key in _table:
         return None
     return _DISABLE
+
+
+def _arm_and_start(code: CodeType, offset: int, up: int) -> Any:
+    """PY_START of code in ``_unarmed``: the engine's arm hook hooks it, then the call is
+    dispatched as a hooked one; not hooked (the engine busy in another thread, or stopped):
+    nothing now, the next call asks again."""
+    arm = _arm
+    if arm is None:
+        return None
+    ts = _local.ts  # (made by _on_start)
+    ts.busy = True  # the engine's work is rethook's (see _sight)
+    try:
+        arm(code)
+    except RecursionError:  # the program is at its recursion limit: the next call
+        return None
+    except Exception as e:  # a bug of rethook's: never the program's problem
+        internal_error(e)
+        return None
+    finally:
+        ts.busy = False
+    if id(code) in _table:
+        return _on_start(code, offset, up + 3)
+    return None
 
 
 def _call_entry_users(entry_regs: tuple, code: CodeType, frame: FrameType
@@ -942,15 +976,18 @@ class PyCore:
         return self.GLOBAL_EVENTS | (self.DISCOVERY_EVENTS if self._discovering else 0)
 
     def set_discovery(self, hook: Callable[[CodeType, FrameType | None], bool] | None,
-                      known: Any = None, bodies: Any = None) -> None:
+                      known: Any = None, bodies: Any = None, unarmed: Any = None,
+                      arm: Callable[[CodeType], None] | None = None) -> None:
         """Turn discovery on (see Discovery) or off (``hook`` None).
 
         ``hook(code, frame)`` is called on the first call of code whose id is not in ``known``
         (a dict kept up to date by its owner), nor, for a module or class body, in ``bodies``
         (the same for bodies, whose first run then needs no call); it registers the code and
-        answers whether it did (False: look again next time).
+        answers whether it did (False: look again next time). ``arm(code)`` is called on the
+        first call of code whose id is in ``unarmed`` (a dict id -> code its owner keeps), to
+        hook it; a call it hooked is dispatched as a hooked one.
         """
-        self._discovery_state(hook, known, bodies)
+        self._discovery_state(hook, known, bodies, unarmed, arm)
         self._discovering = hook is not None
         if self.tool_id is not None:
             sys.monitoring.set_events(self.tool_id, self._global_events())
@@ -978,10 +1015,13 @@ class PyCore:
 
     @staticmethod
     def _discovery_state(hook: Callable[[CodeType, FrameType | None], bool] | None,
-                         known: Any, bodies: Any = None) -> None:
-        global _discover, _known, _bodies
+                         known: Any, bodies: Any = None, unarmed: Any = None,
+                         arm: Callable[[CodeType], None] | None = None) -> None:
+        global _discover, _known, _bodies, _unarmed, _arm
         _known = known if hook is not None else {}
         _bodies = bodies if hook is not None and bodies is not None else {}
+        _arm = arm if hook is not None and unarmed is not None else None
+        _unarmed = unarmed if _arm is not None else {}
         _discover = hook
 
     @staticmethod

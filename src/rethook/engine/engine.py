@@ -259,6 +259,11 @@ class Engine:
         self._selection: dict[_Ops, dict[int, CodeType]] = {}
         self._events: dict[int, tuple[CodeType, int]] = {}  # local events we have set
         self._table: dict[int, tuple] = {}
+        # id(code) -> code: new functions the users selected, hooked at their first call (the
+        # cores' discovery hands them to _arm), shared with the core
+        self._unarmed: dict[int, CodeType] = {}
+        # _build's users' indices -> their _shared_dispatch, while the users stay the same
+        self._shared: dict[tuple[int, ...], tuple] = {}
         self._unsubscribe: Callable[[], None] | None = None
         self._parked_limit = PARKED_HIGH_WATER
         self._closed_deliveries = 0
@@ -297,7 +302,7 @@ class Engine:
             self._unsubscribe = self.registry.subscribe(self._on_new_functions)
             # code the import hook never sees (exec, other import hooks): on its first call
             self.core.set_discovery(self.registry.discover, self.registry.known_ids(),
-                                    self.registry.known_bodies())
+                                    self.registry.known_bodies(), self._unarmed, self._arm)
             _active = self
 
     def check_hook(self) -> str | None:
@@ -355,6 +360,8 @@ class Engine:
             self._graph.clear()
             self._entry.clear()
             self._selection.clear()
+            self._unarmed.clear()
+            self._shared.clear()
             self._slots = [None] * FGRAPH_ARRAY_SIZE
             if self._for_exit:
                 # Nothing new is pushed (an empty table); exits still pop what is open until
@@ -535,9 +542,39 @@ class Engine:
                     sel.update(chosen)
                     added.update(chosen)
                 if added:
-                    self._hook_new(added)
+                    self._defer(added)
             finally:
                 self._lock.release()
+
+    def _defer(self, codes: dict[int, CodeType]) -> None:
+        """Hook new functions at their first call: a module's functions are registered as it
+        loads (or at the first call of one of them), and most never run (sqlglot's rounds call
+        ~1,100 of the ~5,500 its import registers), while hooking one costs as much as
+        registering it. Discovery's global PY_START reaches each first call; the core hands
+        the code to :meth:`_arm`. Code whose PY_START discovery disabled before is hooked
+        now (its first call would not come back). Caller holds the lock."""
+        disabled = self.core.disabled()
+        now = {k: c for k, c in codes.items() if k in disabled} if disabled else {}
+        self._unarmed.update((k, c) for k, c in codes.items() if k not in now)
+        if now:
+            self._hook_new(now)
+
+    def _arm(self, code: CodeType) -> None:
+        """The first call of a function :meth:`_defer` left (the core's discovery, in that
+        call's PY_START, the thread marked busy: no handler runs meanwhile, as under
+        ``notrace``): hook it, if the engine's lock is free (another thread's sweep may wait
+        for this very thread: then the next call asks again)."""
+        key = id(code)
+        if key not in self._unarmed or not self._lock.acquire(blocking=False):
+            return
+        try:
+            code = self._unarmed.pop(key, None)
+            if code is not None and self.running:
+                self._hook_new({key: code})
+        finally:
+            self._lock.release()
+        if self._late:  # (as _untraced: what another thread found while this one held it)
+            self._hook_late()
 
     # --- building and publishing ----------------------------------------------------------
     def _build(self, only: Iterable[int] | None = None) -> dict[int, tuple[CodeType, int, tuple]]:
@@ -563,7 +600,8 @@ class Engine:
                                   else ((k, sel[k]) for k in keys if k in sel)):
                     codes[key] = code
                     selected_by[key] = selected_by.get(key, ()) + (i,)
-        shared: dict[tuple[int, ...], tuple] = {}
+        # (a partial build keeps what its users share until the users change: _reconcile)
+        shared = self._shared if keys is not None else {}
         interned: dict[tuple, tuple] = {}
         out = {}
         for key, code in codes.items():
@@ -650,7 +688,9 @@ class Engine:
         returns = core.LOCAL_RETURN_EVENTS
         # on an id another tool took (or the program freed) the events are not rethook's
         set_local = sys.monitoring.set_local_events if self._owns_hook() else _leave_events
+        self._shared.clear()  # (the users, or what they want, may have changed)
         built = self._build()
+        self._unarmed.clear()  # (built: every code selected, hooked below)
         table = {key: dispatch for key, (_, _, dispatch) in built.items()}
         # Functions losing their return events: drain them (see _draining) until no call of
         # them is open; functions with only entry users leave at once.
@@ -852,6 +892,9 @@ class Engine:
         for key, (code, _) in self._events.items():
             entry, graph = self._table.get(key, ((), ()))[:2]
             out.append((self.registry.info(code), len(entry), len(graph)))
+        if self._unarmed:  # (hooked at their first call: their users are chosen already)
+            for code, _, dispatch in self._build(list(self._unarmed)).values():
+                out.append((self.registry.info(code), len(dispatch[0]), len(dispatch[1])))
         out.sort(key=lambda t: t[0].name)
         return out
 
@@ -861,7 +904,7 @@ class Engine:
         states = self.core.thread_states()
         return {
             "threads": len(states),
-            "hooked_functions": len(self._events),
+            "hooked_functions": len(self._events) + len(self._unarmed),
             "open_calls": sum(len(ts.stack) for ts in states),
             "parked_calls": len(self.core.parked()),
             "overrun": sum(ts.overrun for ts in states) + self.core.dead_counts()[1],
