@@ -9,6 +9,7 @@ programs run as users run them, through the command line, are in tests/test_cli_
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import itertools
 import sys
@@ -364,12 +365,27 @@ def _armed(engine, code) -> bool:
     return sys.monitoring.get_local_events(engine.tool_id, code) != 0
 
 
+@contextlib.contextmanager
+def _recorded_module(engine, tmp_path, monkeypatch, source: str):
+    """A fresh module of ``source``, imported through the import hook while a Recorder of
+    ``*:mod:`` it runs: yields (module, recorder); the recorder leaves at the end."""
+    name = fresh_name()
+    (tmp_path / f"{name}.py").write_text(textwrap.dedent(source))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    rec = Recorder(f"*:mod:{name}")
+    engine.register_ftrace_graph(rec)
+    try:
+        yield importlib.import_module(name), rec
+    finally:
+        engine.unregister_ftrace_graph(rec)
+        sys.modules.pop(name, None)
+
+
 def test_a_modules_functions_are_hooked_at_their_first_call(engine, tmp_path, monkeypatch):
     """The functions a filter selects as their module loads are hooked when each is first
     called (most never are): the first call recorded like every other, the ones never
     called listed as enabled but costing nothing (no local events set)."""
-    name = fresh_name()
-    (tmp_path / f"{name}.py").write_text(textwrap.dedent("""
+    with _recorded_module(engine, tmp_path, monkeypatch, """
         def dx_outer(n):
             return [dx_inner(i) for i in range(n)]
 
@@ -382,14 +398,9 @@ def test_a_modules_functions_are_hooked_at_their_first_call(engine, tmp_path, mo
         class K:
             def dx_method(self):
                 return dx_inner(5)
-    """))
-    monkeypatch.syspath_prepend(str(tmp_path))
-    rec = Recorder(f"*:mod:{name}")
-    engine.register_ftrace_graph(rec)
-    try:
-        mod = importlib.import_module(name)
+    """) as (mod, rec):
         selected = {i.code.co_name for i, _, _ in engine.enabled_functions()
-                    if i.module == name}
+                    if i.module == mod.__name__}
         assert {"dx_outer", "dx_inner", "dx_unused", "dx_method"} <= selected
         assert not any(_armed(engine, f.__code__) for f in (mod.dx_outer, mod.dx_unused))
         assert mod.dx_outer(3) == [0, 2, 4]
@@ -397,9 +408,6 @@ def test_a_modules_functions_are_hooked_at_their_first_call(engine, tmp_path, mo
         assert _armed(engine, mod.dx_outer.__code__) and _armed(engine, mod.dx_inner.__code__)
         assert not _armed(engine, mod.dx_unused.__code__)
         assert mod.dx_unused() == 0  # (its first call, after the others': hooked now)
-    finally:
-        engine.unregister_ftrace_graph(rec)
-        sys.modules.pop(name, None)
     calls = [n for n in rec.names() if n.startswith("dx_")]
     assert calls == ["dx_outer"] + ["dx_inner"] * 3 + ["dx_method", "dx_inner", "dx_unused"]
     rec.assert_exactly_once()
@@ -411,21 +419,15 @@ def test_a_function_first_run_in_rethooks_work_is_hooked_when_the_program_calls_
     section), is neither recorded nor disabled there: the program's first call hooks it."""
     from rethook.engine import core
 
-    name = fresh_name()
-    (tmp_path / f"{name}.py").write_text("def dx_late(x):\n    return x + 1\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    rec = Recorder(f"*:mod:{name}")
-    engine.register_ftrace_graph(rec)
-    try:
-        mod = importlib.import_module(name)
+    with _recorded_module(engine, tmp_path, monkeypatch, """
+        def dx_late(x):
+            return x + 1
+    """) as (mod, rec):
         with core.notrace():
             assert mod.dx_late(1) == 2
         assert id(mod.dx_late.__code__) not in engine.core.disabled()
         assert not _armed(engine, mod.dx_late.__code__)
         assert [mod.dx_late(i) for i in range(3)] == [1, 2, 3]
-    finally:
-        engine.unregister_ftrace_graph(rec)
-        sys.modules.pop(name, None)
     assert rec.names() == ["dx_late"] * 3
     rec.assert_exactly_once()
 
@@ -434,19 +436,16 @@ def test_a_filter_change_hooks_the_functions_left_for_their_first_call(
         engine, tmp_path, monkeypatch):
     """Writing a filter rebuilds every hooked function's dispatch: the ones left for their
     first call are hooked then, with the rest."""
-    name = fresh_name()
-    (tmp_path / f"{name}.py").write_text("def dx_a():\n    return 1\n\ndef dx_b():\n    return 2\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    rec = Recorder(f"*:mod:{name}")
-    engine.register_ftrace_graph(rec)
-    try:
-        mod = importlib.import_module(name)
+    with _recorded_module(engine, tmp_path, monkeypatch, """
+        def dx_a():
+            return 1
+
+        def dx_b():
+            return 2
+    """) as (mod, rec):
         assert not _armed(engine, mod.dx_a.__code__)
-        rec.set_filter(f"*:mod:{name} fib")
+        rec.set_filter(f"*:mod:{mod.__name__} fib")
         assert _armed(engine, mod.dx_a.__code__) and _armed(engine, mod.dx_b.__code__)
         assert mod.dx_a() + mod.dx_b() == 3
-    finally:
-        engine.unregister_ftrace_graph(rec)
-        sys.modules.pop(name, None)
     assert rec.names() == ["dx_a", "dx_b"]
     rec.assert_exactly_once()

@@ -646,17 +646,9 @@ def _sight(code: CodeType, offset: int, up: int, busy: bool) -> Any:
             return None  # a handler or rethook's own work: discovered when the program runs it
         # (rethook's own code: disabled below, like code nobody wants)
     elif not known:
-        ts = _local.ts  # (made by _on_start)
-        ts.busy = True  # the registry's work is rethook's (see the C core's sight())
-        try:
-            seen = discover(code, _getframe(up + 1))
-        except RecursionError:  # the program is at its recursion limit: look again next time
+        done, seen = _rethooks_work(discover, code, _getframe(up + 1))
+        if not done:
             return None
-        except Exception as e:  # a bug of rethook's: never the program's problem
-            internal_error(e)
-            return None
-        finally:
-            ts.busy = False
         if key in _table:  # a filter wants it: this very call is a hooked one
             return _on_start(code, offset, up + 2)
         if key in _unarmed:  # registered just now, to be hooked at its first call: this one
@@ -677,22 +669,29 @@ def _arm_and_start(code: CodeType, offset: int, up: int) -> Any:
     dispatched as a hooked one; not hooked (the engine busy in another thread, or stopped):
     nothing now, the next call asks again."""
     arm = _arm
-    if arm is None:
+    if arm is None or not _rethooks_work(arm, code)[0]:
         return None
-    ts = _local.ts  # (made by _on_start)
-    ts.busy = True  # the engine's work is rethook's (see _sight)
-    try:
-        arm(code)
-    except RecursionError:  # the program is at its recursion limit: the next call
-        return None
-    except Exception as e:  # a bug of rethook's: never the program's problem
-        internal_error(e)
-        return None
-    finally:
-        ts.busy = False
     if id(code) in _table:
         return _on_start(code, offset, up + 3)
     return None
+
+
+def _rethooks_work(fn: Callable[..., Any], *args: Any) -> tuple[bool, Any]:
+    """``fn(*args)`` (the registry's or the engine's hook) as rethook's own work: the thread
+    marked busy (what it runs is not the program's, see the C core's sight()). ``(True,
+    result)``, or ``(False, None)`` when it failed: at the program's recursion limit (ask
+    again next time), or a bug of rethook's (reported; never the program's problem)."""
+    ts = _local.ts  # (made by _on_start)
+    ts.busy = True
+    try:
+        return True, fn(*args)
+    except RecursionError:
+        return False, None
+    except Exception as e:
+        internal_error(e)
+        return False, None
+    finally:
+        ts.busy = False
 
 
 def _call_entry_users(entry_regs: tuple, code: CodeType, frame: FrameType
