@@ -646,7 +646,10 @@ def _sight(code: CodeType, offset: int, up: int, busy: bool) -> Any:
             return None  # a handler or rethook's own work: discovered when the program runs it
         # (rethook's own code: disabled below, like code nobody wants)
     elif not known:
-        done, seen = _rethooks_work(discover, code, _getframe(up + 1))
+        try:  # (one call more: at the program's recursion limit it fails here)
+            done, seen = _rethooks_work(discover, code, _getframe(up + 1))
+        except RecursionError:
+            return None
         if not done:
             return None
         if key in _table:  # a filter wants it: this very call is a hooked one
@@ -669,7 +672,10 @@ def _arm_and_start(code: CodeType, offset: int, up: int) -> Any:
     dispatched as a hooked one; not hooked (the engine busy in another thread, or stopped):
     nothing now, the next call asks again."""
     arm = _arm
-    if arm is None or not _rethooks_work(arm, code)[0]:
+    try:  # (one call more: at the program's recursion limit it fails here)
+        if arm is None or not _rethooks_work(arm, code)[0]:
+            return None
+    except RecursionError:
         return None
     if id(code) in _table:
         return _on_start(code, offset, up + 3)
