@@ -1847,11 +1847,29 @@ own_code(void)
     return r < 0 ? -1 : (int)r;
 }
 
-/* PY_START of code that is not in the table (core.py's _sight, see "Discovery" there): unknown
- * code goes to the discovery hook (not while the thread is busy: then it is let through, but
- * rethook's own code is disabled at once) and, if that hooked it, this very call is
- * dispatched; anything else gets DISABLE. */
 static PyObject *on_start(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+
+/* hook(code), or hook(code, frame) with the program's frame, as rethook's own work: the thread
+ * marked busy meanwhile, so what the hook runs is not discovered as the program's, and a
+ * signal handler that finishes the trace waits (exits.py). A new reference, or NULL with an
+ * error set (core.py's _rethooks_work). */
+static PyObject *
+rethooks_work(PyObject *hook, PyObject *code, int with_frame)
+{
+    PyObject *ts = current_ts_in(current_tstate(), 1);
+    if (ts == NULL)
+        return NULL;
+    Py_INCREF(ts);
+    SET_BUSY(ts, 1);
+    hook = Py_NewRef(hook);
+    PyObject *frame = with_frame ? current_frame() : NULL;
+    PyObject *r = PyObject_CallFunctionObjArgs(hook, code, frame, NULL);
+    Py_XDECREF(frame);
+    Py_DECREF(hook);
+    SET_BUSY(ts, 0);
+    Py_DECREF(ts);
+    return r;
+}
 
 /* PY_START of a function the engine's users selected and left to hook at its first call
  * (set_discovery's unarmed): the engine's arm(code) hooks it, then this call is dispatched
@@ -1861,20 +1879,9 @@ static PyObject *
 arm_and_start(PyObject *const *args, Py_ssize_t nargs)
 {
     PyObject *code = args[0], *pending = NULL;
-    PyObject *ts = current_ts_in(current_tstate(), 1);
-    PyObject *hook = arm_hook != NULL ? Py_NewRef(arm_hook) : NULL;
-    if (ts == NULL || hook == NULL) {
-        Py_XDECREF(hook);
-        if (ts == NULL)
-            stash_error(&pending);
-        return finish(pending);
-    }
-    Py_INCREF(ts);
-    SET_BUSY(ts, 1); /* the engine's work is rethook's (as the registry's in sight()) */
-    PyObject *r = PyObject_CallOneArg(hook, code);
-    Py_DECREF(hook);
-    SET_BUSY(ts, 0);
-    Py_DECREF(ts);
+    if (arm_hook == NULL)
+        Py_RETURN_NONE;
+    PyObject *r = rethooks_work(arm_hook, code, 0);
     if (r == NULL) {
         if (PyErr_ExceptionMatches(PyExc_RecursionError)) {
             PyErr_Clear(); /* the program is at its recursion limit: the next call */
@@ -1889,6 +1896,11 @@ arm_and_start(PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
+/* PY_START of code that is not in the table (core.py's _sight, see "Discovery" there): unknown
+ * code goes to the discovery hook (not while the thread is busy: then it is let through, but
+ * rethook's own code is disabled at once) and, if that hooked it, this very call is
+ * dispatched; code the engine left to hook at its first call goes to arm_and_start(); anything
+ * else gets DISABLE. */
 static PyObject *
 sight(PyObject *const *args, Py_ssize_t nargs, int busy)
 {
@@ -1924,19 +1936,7 @@ sight(PyObject *const *args, Py_ssize_t nargs, int busy)
         /* (rethook's own code: disabled below, like code nobody wants) */
     }
     else if (!known) {
-        PyObject *ts = current_ts_in(current_tstate(), 1);
-        if (ts == NULL)
-            goto error;
-        /* the registry's work is rethook's: busy, so what it calls is not discovered as the
-         * program's, and a signal handler that finishes the trace waits (exits.py) */
-        Py_INCREF(ts);
-        SET_BUSY(ts, 1);
-        PyObject *hook = Py_NewRef(discover_hook), *frame = current_frame();
-        PyObject *r = PyObject_CallFunctionObjArgs(hook, code, frame, NULL);
-        Py_DECREF(hook);
-        Py_DECREF(frame);
-        SET_BUSY(ts, 0);
-        Py_DECREF(ts);
+        PyObject *r = rethooks_work(discover_hook, code, 1); /* the registry's work */
         int seen = r ? PyObject_IsTrue(r) : -1;
         Py_XDECREF(r);
         if (seen < 0 && PyErr_ExceptionMatches(PyExc_RecursionError)) {
