@@ -11,7 +11,6 @@ see one kind of event, whoever wrote it).
 
 from __future__ import annotations
 
-import heapq
 from operator import itemgetter
 from types import CodeType
 
@@ -165,4 +164,6 @@ def merge_events(native: list[Event], python: list[Event]) -> list[Event]:
         return python
     if not python:
         return native
+    import heapq  # (start-up: test_startup)
+
     return list(heapq.merge(native, python, key=itemgetter(1)))

@@ -84,13 +84,11 @@ The native half
 
 from __future__ import annotations
 
-import heapq
 import os
 import threading
 import time
 import weakref
 from collections import deque
-from contextlib import ExitStack, contextmanager
 from itertools import zip_longest
 from operator import itemgetter
 from types import CodeType
@@ -544,6 +542,8 @@ class ThreadBuffer:
             return items
         if not items:
             return native
+        import heapq  # (start-up: test_startup)
+
         merged = heapq.merge(_keyed_by_time(native), _keyed_by_time(items), key=itemgetter(0))
         return [item for _, item in merged]
 
@@ -610,6 +610,41 @@ def _mark_finished(ref: weakref.ref) -> None:
     if buf is not None:
         buf.finished = True
 
+
+
+class _Reconfiguring:
+    """``with buffer._reconfiguring() as buffers:`` (TraceBuffer's): its lock and every
+    thread buffer's held for the block; on a normal exit the writers are poked, then the
+    locks released, newest first."""
+
+    def __init__(self, owner: TraceBuffer) -> None:
+        self._owner = owner
+        self._held: list[Any] = []
+
+    def __enter__(self) -> list[ThreadBuffer]:
+        owner = self._owner
+        owner._lock.acquire()
+        self._held.append(owner._lock)
+        try:
+            for buf in owner._buffers:
+                buf._lock.acquire()
+                self._held.append(buf._lock)
+        except BaseException:
+            self._release()
+            raise
+        return owner._buffers
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        try:
+            if exc_type is None:
+                for buf in self._owner._buffers:
+                    buf._poke()
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        while self._held:
+            self._held.pop().release()
 
 class TraceBuffer:
     """Per-thread trace ring buffers with tracefs-like accounting and two readers.
@@ -775,19 +810,13 @@ class TraceBuffer:
             for buf in buffers:
                 buf._cut_to(capacity)
 
-    @contextmanager
-    def _reconfiguring(self) -> Iterator[list[ThreadBuffer]]:
+    def _reconfiguring(self) -> _Reconfiguring:
         """Hold every buffer's lock while the configuration changes, then poke the writers.
 
         Writers read the configuration only under their own buffer's lock, so none
         of them sees it half changed.
         """
-        with self._lock, ExitStack() as stack:
-            for buf in self._buffers:
-                stack.enter_context(buf._lock)
-            yield self._buffers
-            for buf in self._buffers:
-                buf._poke()
+        return _Reconfiguring(self)
 
     def clear(self) -> None:
         """Empty every buffer and reset the counters (``echo > trace``); forget ended threads."""
@@ -832,6 +861,8 @@ class TraceBuffer:
         ``TraceReader.ordered_events`` gives them.
         """
         per_thread = [buf.events() for buf in self.buffers()]
+        import heapq  # (start-up: test_startup)
+
         if lookahead:
             return heapq.merge(*(zip_longest(events, events[1:]) for events in per_thread),
                                key=_pair_time)
@@ -947,6 +978,8 @@ def _merge_threads(batches: list[list[Event | Lost]]) -> list[Event | Lost]:
     if len(batches) <= 1:  # one thread: already in order
         return batches[0] if batches else []
     keyed = [_keyed_by_time(batch) for batch in batches]
+    import heapq  # (start-up: test_startup)
+
     return [item for _, item in heapq.merge(*keyed, key=itemgetter(0))]
 
 

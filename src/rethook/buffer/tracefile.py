@@ -16,8 +16,6 @@ offset of the first damaged chunk; everything before it is still read.
 from __future__ import annotations
 
 import _thread
-import bisect
-import heapq
 import io
 import json
 import os
@@ -1663,6 +1661,9 @@ def _merge_by_time(streams: dict[int, list[int | Lost]],
     """Merge per-thread streams by timestamp (see :meth:`TraceReader.ordered_events`),
     yielding runs of one thread: its items due before the next thread's head (with
     ``lookahead``, as pairs of an item and the next item of its thread, or None)."""
+    import bisect
+    import heapq  # (start-up: test_startup)
+
     states = [_Stream(tid, order, segs) for order, (tid, segs) in enumerate(streams.items())]
     heap = [(st.keys[0], st.order) for st in states if st.load(take, lost)]
     heapq.heapify(heap)

@@ -18,7 +18,6 @@ not run until that wait ended by itself.
 from __future__ import annotations
 
 import _thread
-import contextlib
 import os
 import signal
 import sys
@@ -49,6 +48,12 @@ def leave_signals_to_the_program() -> None:
     if hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals() - _SYNCHRONOUS)
 
+
+
+def _settle() -> None:
+    """A hidden thread's first step: the program's signals and fork warning as they were."""
+    leave_signals_to_the_program()
+    unhush_fork_warning()
 
 class HiddenThread:
     """A ``_thread`` thread with a join: ``target(*args)`` runs once per :meth:`start`."""
@@ -82,9 +87,11 @@ class HiddenThread:
         self.native_id = threading.get_native_id()
         # rethook's own work, not the program's (-l '*'); the channel imports no engine
         core = sys.modules.get("rethook.engine.core")
-        with core.notrace() if core is not None else contextlib.nullcontext():
-            leave_signals_to_the_program()
-            unhush_fork_warning()
+        if core is None:
+            _settle()
+        else:
+            with core.notrace():
+                _settle()
         try:
             self._target(*self._args)
         finally:

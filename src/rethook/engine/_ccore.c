@@ -9,9 +9,10 @@
  *  - State is SHARED with core.py, so everything the engine and the rest of rethook do through
  *    core.py (notrace, flush_thread, deliver, handler_failed, the engine's sweep) sees the same
  *    thing: the per-thread ThreadState objects (core._local.ts, created by
- *    core._new_thread_state, listed in core._threads), the parked table (core._parked), the
- *    sweep lock (core.sweep_lock, read at each use: after_fork_in_child rebinds it) and the
- *    internal-error counter (core.internal_error). Records stay Python lists and markers the
+ *    core._new_thread_state, listed in core._threads), the sweep lock (core.sweep_lock,
+ *    read at each use: after_fork_in_child rebinds it) and the internal-error counter
+ *    (core.internal_error). The parked table is the C core's own (parktable.h: a dict
+ *    churns at every yield and resume), which CCore.parked() hands the engine. Records stay Python lists and markers the
  *    dispatch's (code,) tuples, exactly as the pure core builds them; a direct record (below)
  *    is a list too, of a subtype whose header times Python reads exactly by item access.
  *  - Only the values the pure core keeps in module globals for its own callbacks are C
@@ -33,7 +34,7 @@
  *    has generator hooks. Each call gets a record (DirectRecord, a list subtype, from a
  *    freelist) with its three times as C fields; yield, resume and exit call the user's
  *    gen_* hooks with C values, with no Python int, argument vector or vectorcall per event
- *    and no frame object made after the entry's (frame_peek). Parking stays core._parked,
+ *    and no frame object made after the entry's (frame_peek). Parking is the same table,
  *    keyed by frame, so every engine rule (any-thread resume, sweeps, collect_parked, the
  *    overflow hook, FLAG_UNFINISHED at teardown) treats them as the records they are.
  *  - Timestamps come from the trace clock (clock.h), shared with Python through _clock.
@@ -59,6 +60,7 @@
 
 #include "fgraph_direct.h"
 #include "pyframe.h"
+#include "parktable.h"
 
 #if PY_VERSION_HEX < 0x030C0000
 #error "rethook's C core needs CPython 3.12 or newer (sys.monitoring)"
@@ -92,7 +94,7 @@ enum { REC_KEY, REC_CODE, REC_FRAME, REC_TIME, REC_SLEEP, REC_PARKED_AT, REC_HEA
 
 static PyObject *core_mod;            /* rethook.engine.core */
 static PyObject *local_obj;           /* core._local (a threading.local) */
-static PyObject *parked;              /* core._parked: frame -> record */
+static ParkTable *parked;             /* frame -> record: core._parked's role (parktable.h) */
 static PyObject *new_thread_state_fn; /* core._new_thread_state */
 static PyObject *internal_error_fn;   /* core.internal_error */
 static PyObject *handler_failed_fn;   /* core.handler_failed */
@@ -1656,7 +1658,7 @@ direct_return(PyThreadState *tstate, PyObject *ts, PyObject *code, PyObject *exc
  * The same idea for the calls that suspend: per event no Python int, no argument vector, no
  * handler lookup, no vectorcall, no frame object made after the entry's (the frame is found
  * with frame_peek). Per call: the record (a freelist) and the user's entry data. The parked
- * table stays core._parked, keyed by frame, so parking, resuming on another thread, the
+ * table is the one other records use, keyed by frame, so parking, resuming on another thread, the
  * sweep, collect_parked and the overflow hook see direct records as any other.
  *
  *   entry   (on_start, fast or general path) the direct record is pushed, then gen_entry;
@@ -1782,26 +1784,44 @@ gen_direct_return(PyThreadState *tstate, PyObject *ts, PyObject *exc, PyObject *
     return 1;
 }
 
-/* Park a direct record (the caller's reference; frame: its key) at t: core._parked[frame], the
+/* Park rec under frame (the table takes its own references): 0, or -1 with the error stashed. */
+static int
+park(PyObject *frame, PyObject *rec, PyObject **pending)
+{
+    PyObject *old;
+    if (park_put(parked, frame, rec, &old) < 0) {
+        stash_error(pending);
+        return -1;
+    }
+    Py_XDECREF(old); /* (a record parked twice under one frame: not expected) */
+    return 0;
+}
+
+/* After a park: more than park_limit calls parked runs the engine's overflow hook
+ * (collect_parked: generators closed or collected without an event). */
+static void
+park_overflow(PyObject **pending)
+{
+    if (parked->used <= park_limit || overflow_hook == NULL || overflow_hook == Py_None)
+        return;
+    PyObject *hook = Py_NewRef(overflow_hook);
+    PyObject *r = PyObject_CallNoArgs(hook);
+    Py_DECREF(hook);
+    if (r == NULL)
+        stash_error(pending);
+    Py_XDECREF(r);
+}
+
+/* Park a direct record (the caller's reference; frame: its key) at t: parked[frame], the
  * suspend hook, the overflow hook past the limit. */
 static void
 drec_park(PyObject *rec, PyObject *frame, PyThreadState *tstate, int64_t t, PyObject **pending)
 {
     ((DRecord *)rec)->parked_at = t;
-    if (PyDict_SetItem(parked, frame, rec) < 0) {
-        stash_error(pending);
+    if (park(frame, rec, pending) < 0)
         return;
-    }
     drec_notify(rec, tstate, t, 0, pending);
-    if (PyDict_GET_SIZE(parked) > park_limit && overflow_hook != NULL &&
-        overflow_hook != Py_None) {
-        PyObject *hook = Py_NewRef(overflow_hook);
-        PyObject *r = PyObject_CallNoArgs(hook);
-        Py_DECREF(hook);
-        if (r == NULL)
-            stash_error(pending);
-        Py_XDECREF(r);
-    }
+    park_overflow(pending);
 }
 
 /* PY_YIELD of a generator whose direct record is on top. */
@@ -2411,20 +2431,10 @@ on_yield(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
         goto done;
     }
     Py_SETREF(((PyListObject *)rec)->ob_item[REC_PARKED_AT], Py_NewRef(t));
-    if (PyDict_SetItem(parked, frame, rec) < 0) {
-        stash_error(&pending);
+    if (park(frame, rec, &pending) < 0)
         goto done;
-    }
     notify(rec, PyList_GET_SIZE(stack), t, 0, &pending);
-    if (PyDict_GET_SIZE(parked) > park_limit && overflow_hook != NULL &&
-        overflow_hook != Py_None) {
-        PyObject *hook = Py_NewRef(overflow_hook);
-        PyObject *r = PyObject_CallNoArgs(hook);
-        Py_DECREF(hook);
-        if (r == NULL)
-            stash_error(&pending);
-        Py_XDECREF(r);
-    }
+    park_overflow(&pending);
 done:
     Py_XDECREF(t);
     Py_XDECREF(frame);
@@ -2442,7 +2452,7 @@ on_resume(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
     (void)args;
     (void)nargs;
-    if (PyDict_GET_SIZE(parked) == 0)
+    if (parked->used == 0)
         Py_RETURN_NONE;
     PyObject *pending = NULL;
     PyThreadState *tstate = current_tstate();
@@ -2472,18 +2482,11 @@ on_resume(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
         stash_error(&pending);
         goto done;
     }
-#if PY_VERSION_HEX >= 0x030D0000
-    if (PyDict_Pop(parked, frame, &rec) < 0)
-        stash_error(&pending);
-#else
-    rec = _PyDict_Pop(parked, frame, Py_None);
-    if (rec == NULL)
-        stash_error(&pending);
-    else if (rec == Py_None)
-        Py_CLEAR(rec);
-#endif
+    PyObject *key = NULL;
+    rec = park_take(parked, frame, &key);
     if (rec == NULL)
         goto done; /* not parked */
+    Py_DECREF(key); /* (frame holds another reference) */
     if (IS_DREC(rec)) {
         DRecord *r = (DRecord *)rec;
         int64_t tn = now_ns();
@@ -2728,6 +2731,12 @@ finished_frames(PyObject *Py_UNUSED(module), PyObject *frames)
 }
 
 static PyObject *
+parked_py(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(arg))
+{
+    return Py_NewRef((PyObject *)parked);
+}
+
+static PyObject *
 get_table(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(arg))
 {
     return table->dict ? Py_NewRef(table->dict) : PyDict_New();
@@ -2910,6 +2919,8 @@ static PyMethodDef methods[] = {
      "publish(table, added=None): swap in a new dispatch table {id(code): dispatch}, or (added"
      " given, table the one published) add those entries to it."},
     {"table", get_table, METH_NOARGS, "The dispatch dict last published."},
+    {"parked", parked_py, METH_NOARGS,
+     "The parked table (frame -> record of a suspended call): a mapping (parktable.h)."},
     {"compile_source", (PyCFunction)(void (*)(void))compile_source, METH_FASTCALL,
      compile_source_doc},
     {"finished_frames", finished_frames, METH_O,
@@ -3042,15 +3053,16 @@ PyInit__ccore(void)
         check_constant("DIRECT_ITEMS", DIRECT_ITEMS) < 0)
         return NULL;
     if ((local_obj = PyObject_GetAttrString(core_mod, "_local")) == NULL ||
-        (parked = PyObject_GetAttrString(core_mod, "_parked")) == NULL ||
         (new_thread_state_fn = PyObject_GetAttrString(core_mod, "_new_thread_state")) == NULL ||
         (internal_error_fn = PyObject_GetAttrString(core_mod, "internal_error")) == NULL ||
         (handler_failed_fn = PyObject_GetAttrString(core_mod, "handler_failed")) == NULL)
         return NULL;
-    if (!PyDict_Check(parked)) {
-        PyErr_SetString(PyExc_ImportError, "rethook: core._parked is not a dict");
+    if (PyType_Ready(&ParkTable_Type) < 0 ||
+        (parked = PyObject_New(ParkTable, &ParkTable_Type)) == NULL)
         return NULL;
-    }
+    parked->slots = NULL;
+    parked->mask = 0;
+    parked->used = 0;
     if ((disabled_ids = PyObject_GetAttrString(core_mod, "_disabled")) == NULL ||
         (monitoring_disable = PyObject_GetAttrString(core_mod, "_DISABLE")) == NULL ||
         (own_package = PyObject_GetAttrString(core_mod, "OWN_PACKAGE")) == NULL ||

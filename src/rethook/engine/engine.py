@@ -29,7 +29,6 @@ object that leaves every filter while calls of it are still open keeps its retur
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import os
 import sys
@@ -351,8 +350,10 @@ class Engine:
             global _active
             self.check_hook()
             if sys.monitoring.get_tool(self.tool_id) is None:
-                with contextlib.suppress(ValueError):  # taken meanwhile: then it is not ours
+                try:
                     sys.monitoring.use_tool_id(self.tool_id, toolid.TOOL_NAME)
+                except ValueError:  # taken meanwhile: then it is not ours
+                    pass
             if self._owns_hook():
                 self.core.set_discovery(None)
             self.collect_parked()

@@ -26,8 +26,6 @@ Globs are compiled once per write; :meth:`FunctionFilter.matches` only runs the 
 
 from __future__ import annotations
 
-import bisect
-import importlib.util
 import re
 import sys
 import threading
@@ -682,6 +680,8 @@ class _Index:
                 out[id(info)] = info
             return list(out.values())
         starts, owners = self.starts, self.owners
+        import bisect  # (start-up: test_startup)
+
         for m in self.regex(p).finditer(self.text):
             info = owners[bisect.bisect_right(starts, m.end() - 1) - 1]
             out[id(info)] = info
@@ -776,6 +776,8 @@ class _Resolver:
             if i > 1 and not hasattr(sys.modules.get(".".join(literal[: i - 1])), "__path__"):
                 return False
             try:
+                import importlib.util  # (start-up: test_startup)
+
                 return importlib.util.find_spec(name) is not None
             except Exception:  # broken finders, odd names: not findable
                 return False

@@ -44,9 +44,9 @@ if _ccore is not None:
         """The C core behind :class:`~rethook.engine.core.PyCore`'s interface.
 
         The six callbacks and the state only they read (dispatch table, max depth, sweeping
-        flag, overflow hook) are C. Everything else is core.py's own and shared: thread
-        states (so ``core.notrace`` and the engine's ``busy`` writes work unchanged), the
-        parked table, the sweep lock, ``deliver``, ``handler_failed``, the counters.
+        flag, overflow hook) and the parked table are C. Everything else is core.py's own
+        and shared: thread states (so ``core.notrace`` and the engine's ``busy`` writes work
+        unchanged), the sweep lock, ``deliver``, ``handler_failed``, the counters.
         """
 
         name = "c"
@@ -69,6 +69,7 @@ if _ccore is not None:
         drain_wake = staticmethod(_ccore.drain_wake)
         drain_blocking = staticmethod(_ccore.drain_blocking)
         finished_frames = staticmethod(_ccore.finished_frames)
+        parked = staticmethod(_ccore.parked)  # (its own table: parktable.h)
 else:
     CCore = None  # type: ignore[assignment,misc]
 

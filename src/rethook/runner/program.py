@@ -18,7 +18,6 @@ from __future__ import annotations
 import atexit
 import builtins
 import importlib.machinery
-import importlib.util
 import io
 import os
 import sys
@@ -191,12 +190,20 @@ def prepare_package(registry: Any, top: str, skip: Container[str] = ()) -> None:
             registry.prepare_module(name, code, origin, root=top)
 
 
+def _find_spec(name: str) -> importlib.machinery.ModuleSpec | None:
+    """``importlib.util.find_spec``, that module loaded at the first use (start-up:
+    test_startup)."""
+    import importlib.util
+
+    return importlib.util.find_spec(name)
+
+
 def package_loaders(top: str) -> Iterator[tuple[str, Any]]:
     """``(module name, loader)`` of a top-level package and its submodules, found on disk
     through the path finders (zip files too) without importing any of them; at most
     :data:`MAX_LOCAL_FILES`. A plain module yields itself; extension modules are skipped."""
     try:
-        spec = importlib.util.find_spec(top)  # a top-level name: imports nothing
+        spec = _find_spec(top)  # a top-level name: imports nothing
     except (ImportError, ValueError):
         return
     if spec is None:
@@ -260,7 +267,7 @@ def find_spec_of(name: str, package: str | None = None) -> importlib.machinery.M
     try:
         spec = _find_spec_unimported(name)
         if spec is None:
-            spec = importlib.util.find_spec(name)
+            spec = _find_spec(name)
     except Exception as e:  # noqa: BLE001 - a parent package is missing or its code fails
         raise ProgramError(f"error while finding module {name!r} ({type(e).__name__}: {e})") \
             from None
@@ -276,7 +283,7 @@ def _find_spec_unimported(name: str) -> importlib.machinery.ModuleSpec | None:
     """Find a dotted module through its parents' search locations, importing nothing; None
     when that is not how it is found (an import hook, a parent that is not a directory)."""
     parts = name.split(".")
-    spec = importlib.util.find_spec(parts[0])
+    spec = _find_spec(parts[0])
     for i in range(1, len(parts)):
         if spec is None or not spec.submodule_search_locations:
             return None
@@ -447,7 +454,7 @@ def _runner(program: Program, globals_: dict[str, Any]
                 __import__(parent)
             except ImportError:
                 return find(mod_name, error)  # runpy's own report of the failure
-            again = importlib.util.find_spec(spec.name)
+            again = _find_spec(spec.name)
             if again is None or again.origin != spec.origin:
                 return find(mod_name, error)  # the parent moved it: as Python finds it now
         return spec.name, spec, code
