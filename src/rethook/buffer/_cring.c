@@ -94,6 +94,23 @@ recs_free(rh_rec *recs, uint64_t n)
         PyMem_Free(p);
 }
 
+/* A new array of `capacity` records: the part its writer fills first, from record `from` on,
+ * as much as it writes before the drain's first wake (a quarter of the ring), paged in by the
+ * drain ahead of it (fresh pages cost the first toucher ~3 us each here: drainround.h's
+ * page_ahead). Mapped arrays only (a small one is heap memory, mostly touched already), and
+ * only where a drain can be woken (round: _ccore's round API). */
+static void
+page_ahead(const rh_round_api *round, rh_rec *recs, uint64_t capacity, uint64_t from)
+{
+    if (round == NULL || recs_bytes(capacity) + sizeof(rh_array_head) < MAPPED_MIN)
+        return;
+    uint64_t to = from + RH_RING_WAKE_WATER(capacity);
+    if (to > capacity)
+        to = capacity;
+    if (to > from)
+        round->page_ahead(recs + from, recs_bytes(to - from));
+}
+
 /* Release the references of the records [floor, head) of an array of n that is no longer the
  * ring's: the only ones that hold any (the invariant above), so an array mostly unwritten is
  * not read through. */
@@ -256,6 +273,7 @@ ring_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     r->recs = recs;
     r->round = rh_round_api_find();
     set_capacity(r, capacity);
+    page_ahead(r->round, recs, capacity, 0);
     r->tid = tid;
     r->on = 1;
     r->overwrite = 1;
@@ -643,6 +661,8 @@ ring_reserve_spare(uint64_t capacity)
             return NULL;
         }
         spare_capacity = capacity;
+        /* a ring's writer goes on in it after the first detach, about a quarter in */
+        page_ahead(rh_round_api_find(), spare, capacity, RH_RING_WAKE_WATER(capacity));
     }
     return spare;
 }
@@ -697,6 +717,7 @@ ring_clear(rh_ring *r, PyObject *Py_UNUSED(ignored))
     }
     rh_rec *old = r->recs;
     r->recs = fresh;
+    page_ahead(r->round, fresh, r->capacity, r->wpos);
     release_live(old, r->capacity, floor, head);
     recs_free(old, r->capacity);
     Py_RETURN_NONE;
@@ -726,6 +747,7 @@ ring_resize(rh_ring *r, PyObject *arg)
     set_capacity(r, capacity);
     r->wpos = r->head % capacity;
     r->floor = r->head - keep; /* read_pos stays: the next consuming read reports the gap */
+    page_ahead(r->round, fresh, capacity, r->wpos);
     release_live(old, old_capacity, old_floor, r->head - keep); /* the ones not moved */
     recs_free(old, old_capacity);
     Py_RETURN_NONE;

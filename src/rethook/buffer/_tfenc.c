@@ -2600,6 +2600,26 @@ ahead_of(const rh_ring *rg, rh_rec *taken, uint64_t n, Detached *d)
     ahead_in(taken, cap, rg->wpos, want, d->ahead + 2, d->ahead_bytes + 2);
 }
 
+/* A call that reads the records in place leaves the writers in the same array: its part
+ * they fill next is asked of the drain (drainround.h's page_ahead: paged in during its next
+ * wait, without the GIL), as ahead_of() pages it after a detach. */
+static void
+page_ahead_in_place(const rh_ring *rg, uint64_t n, const rh_round_api *round)
+{
+    if (round == NULL)
+        return;
+    const uint64_t cap = rg->capacity;
+    uint64_t want = 2 * (n > AHEAD_MIN ? n : AHEAD_MIN);
+    if (want > cap)
+        want = cap;
+    rh_rec *at[2];
+    size_t bytes[2];
+    ahead_in(rg->recs, cap, rg->wpos, want, at, bytes);
+    for (int i = 0; i < 2; i++)
+        if (bytes[i] > 0)
+            round->page_ahead(at[i], bytes[i]);
+}
+
 /* The records of a detached array that need the tuple path: moved out of it into an array
  * of their own (the detached one given back), decoded into event tuples as Ring.consume()
  * decodes them, and the result encode_ring() gives then (see consume_events()). */
@@ -2903,6 +2923,7 @@ encode_ring_impl(PyObject *module, PyObject *const *args, Py_ssize_t nargs, int 
     rh_taken t;
     api->take_in_place(rg, &t);
     f.pos0 = count ? t.first % f.cap : 0;
+    page_ahead_in_place(rg, count, round);
     const Py_ssize_t strings_start = PyList_GET_SIZE(new_strings);
     const uint64_t table_start = (uint64_t)PyDict_GET_SIZE(strings); /* this call's first */
     Py_ssize_t nenc = split_batches(enc, n, batch, t.lost_before);

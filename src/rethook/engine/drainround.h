@@ -49,6 +49,11 @@ typedef struct {
     /* Whether a drain runs with blocking on: the program's threads wait for it past three
      * quarters of a ring, so it need not keep up by other means (rounds, the GIL held). */
     int (*blocking)(void);
+    /* A writer's new array: ask the drain to page [p, p + bytes) in for writing, in its wait
+     * between rounds, without the GIL, before the writer gets there (_ccore.c, "Paging
+     * ahead"). Only a request: at most a few are kept; memory freed meanwhile is left alone.
+     * Under the GIL (or not); runs no Python code. */
+    void (*page_ahead)(void *p, size_t bytes);
 } rh_round_api;
 
 /* For the other extensions: _ccore's struct, or NULL while _ccore is not loaded (the pure
