@@ -290,14 +290,13 @@ write_ints(unsigned char *p, const uint64_t *v, Py_ssize_t n, int seen, int try_
         *p++ = 8;
         return pack(p, v, n, 8, 0);
     }
-    /* every value fits int64 */
+    /* every value fits int64; lo and hi without branches (conditional moves: a column such as
+     * depth or a name's index goes up and down at random) */
     int64_t first = (int64_t)v[0], lo = first, hi = first;
     for (i = 1; i < n; i++) {
         int64_t x = (int64_t)v[i];
-        if (x < lo)
-            lo = x;
-        else if (x > hi)
-            hi = x;
+        lo = x < lo ? x : lo;
+        hi = x > hi ? x : hi;
     }
     if (lo == hi)
         return write_const(p, v[0], first < 0);
@@ -309,27 +308,34 @@ write_ints(unsigned char *p, const uint64_t *v, Py_ssize_t n, int seen, int try_
         int64_t slo = first, shi = first;
         for (i = step; i < n; i += step) {
             int64_t x = (int64_t)v[i];
-            if (x < slo)
-                slo = x;
-            else if (x > shi)
-                shi = x;
+            slo = x < slo ? x : slo;
+            shi = x > shi ? x : shi;
         }
         if (SIZE(narrowest(slo, shi)) == 8) {
             /* the differences, in the narrowest width that holds them all (what _pack ends
              * up with, whatever its guess); one beyond int64 needs 8 bytes: no delta */
             int64_t dlo = (int64_t)(v[1] - v[0]), dhi = dlo;
             int wide = 0;
-            for (i = 1; i < n; i++) {
-                int64_t a = (int64_t)v[i], b = (int64_t)v[i - 1];
-                int64_t d = (int64_t)(v[i] - v[i - 1]);
-                if (((a ^ b) & (a ^ d)) < 0) { /* a - b overflowed */
-                    wide = 1;
-                    break;
+            if ((uint64_t)hi - (uint64_t)lo <= (uint64_t)INT64_MAX) {
+                /* every difference lies in [lo - hi, hi - lo]: none overflows (timestamps,
+                 * the usual 8-byte column), so no check a value */
+                for (i = 2; i < n; i++) {
+                    int64_t d = (int64_t)(v[i] - v[i - 1]);
+                    dlo = d < dlo ? d : dlo;
+                    dhi = d > dhi ? d : dhi;
                 }
-                if (d < dlo)
-                    dlo = d;
-                else if (d > dhi)
-                    dhi = d;
+            }
+            else {
+                for (i = 1; i < n; i++) {
+                    int64_t a = (int64_t)v[i], b = (int64_t)v[i - 1];
+                    int64_t d = (int64_t)(v[i] - v[i - 1]);
+                    if (((a ^ b) & (a ^ d)) < 0) { /* a - b overflowed */
+                        wide = 1;
+                        break;
+                    }
+                    dlo = d < dlo ? d : dlo;
+                    dhi = d > dhi ? d : dhi;
+                }
             }
             int dcode = wide ? 8 : narrowest(dlo, dhi);
             if (SIZE(dcode) < 8) { /* and every value fits i64: _deltas_stay_i64 holds */
