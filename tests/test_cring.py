@@ -736,11 +736,11 @@ def test_a_new_rings_first_quarter_is_paged_in_by_the_drains_wait(cring):
     if sys.platform != "linux" or release is None or tuple(map(int, release.groups())) < (5, 14):
         pytest.skip("no MADV_POPULATE_WRITE here")
     capacity = 1 << 17  # 7 MB of records: a mapped array
-    _ccore.drain_wait(0.0, False)  # (requests left by earlier rings: done now)
+    _ccore.drain_end()  # (requests left by earlier rings: dropped)
     ring = cring.Ring(capacity, 1)
     quarter = capacity // 4
     pages = quarter * native.RECORD_BYTES // 4096
-    _ccore.drain_wait(0.0, False)  # the drain's wait: pages the request in
+    _ccore.drain_wait(0.001, False)  # the drain's wait: pages the request in (a poll would not)
     before = _minor_faults()
     for i in range(quarter - 8):
         write(ring, i + 1)
@@ -749,4 +749,22 @@ def test_a_new_rings_first_quarter_is_paged_in_by_the_drains_wait(cring):
     before = _minor_faults()
     for i in range(quarter):
         write(ring, quarter + i)
+    assert _minor_faults() - before > pages // 2
+
+
+def test_paging_asked_for_an_ended_drain_is_dropped(cring):
+    """drain_end() forgets the requests (the next recording's drain does not page memory of
+    rings that may be gone), and a poll (the last rounds of a recording) pages nothing."""
+    _ccore = pytest.importorskip("rethook.engine._ccore")
+    capacity = 1 << 17
+    _ccore.drain_end()
+    ring = cring.Ring(capacity, 1)
+    _ccore.drain_wait(0.0, False)  # a poll: nothing paged
+    _ccore.drain_end()  # the request dropped
+    _ccore.drain_wait(0.001, False)
+    quarter = capacity // 4
+    pages = quarter * native.RECORD_BYTES // 4096
+    before = _minor_faults()
+    for i in range(quarter):
+        write(ring, i + 1)
     assert _minor_faults() - before > pages // 2

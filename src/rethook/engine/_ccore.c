@@ -291,7 +291,9 @@ round_wake(void)
  * (round_page_ahead) and the drain pages them in while it waits between rounds, without the
  * GIL, on its own CPU. Only madvise(MADV_POPULATE_WRITE), never a touch: a range freed
  * meanwhile (a ring resized or gone) just fails, and memory mapped there since is only
- * paged in. Requests past PAGE_REQUESTS are dropped (the writer pages them, as before). */
+ * paged in. Requests past PAGE_REQUESTS are dropped (the writer pages them, as before), and
+ * so are those left when the drain ends (drain_end); a poll (the last rounds of a recording)
+ * pages nothing. */
 #define PAGE_REQUESTS 8
 static struct {
     void *p;
@@ -354,7 +356,8 @@ wait_woken(double s)
         until.tv_nsec = (long)(ns % 1000000000);
     }
     pthread_mutex_lock(&wake_mu);
-    page_requests();
+    if (s > 0) /* (a poll, such as the last rounds of a recording, pages nothing) */
+        page_requests();
     while (s > 0 && !drain_woken) {
         int timedout = pthread_cond_timedwait(&wake_cv, &wake_mu, &until) == ETIMEDOUT;
         page_requests();
@@ -457,6 +460,9 @@ drain_end(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(arg))
     __atomic_store_n(&round_until, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&drain_running, 0, __ATOMIC_RELAXED);
     round_drained();
+    pthread_mutex_lock(&wake_mu); /* paging asked for the drain that ends: not for the next */
+    page_nreq = 0;
+    pthread_mutex_unlock(&wake_mu);
     Py_RETURN_NONE;
 }
 
