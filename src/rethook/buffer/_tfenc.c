@@ -1558,25 +1558,6 @@ scratch_free(Scratch *sc)
     area_free(sc, &sc->refs);
 }
 
-/* Page the whole pages of [p, p + n) in for writing, what they hold kept: 0, or -1 where the
- * kernel cannot (no MADV_POPULATE_WRITE). */
-static int
-populate(void *p, size_t n)
-{
-#ifdef MADV_POPULATE_WRITE
-    long ps = sysconf(_SC_PAGESIZE);
-    uintptr_t page = ps > 0 ? (uintptr_t)ps : 4096;
-    uintptr_t a = ((uintptr_t)p + page - 1) & ~(page - 1), e = ((uintptr_t)p + n) & ~(page - 1);
-    if (p == NULL || e <= a)
-        return 0;
-    return madvise((void *)a, e - a, MADV_POPULATE_WRITE) == 0 ? 0 : -1;
-#else
-    (void)p;
-    (void)n;
-    return -1;
-#endif
-}
-
 /* A record's names: the slots of its code and of a function record's parent (0, "", for the
  * others), noted by name_records() by ring position */
 typedef struct {
@@ -2546,7 +2527,7 @@ detached_released(void *arg)
 {
     Detached *d = arg;
     for (int i = 0; i < 4; i++) { /* first: the program's thread is writing there now */
-        (void)populate(d->ahead[i], d->ahead_bytes[i]);
+        (void)rh_populate(d->ahead[i], d->ahead_bytes[i]); /* (drainround.h) */
         d->ahead_bytes[i] = 0;
     }
     if (d->named < d->n) {
@@ -2567,7 +2548,7 @@ detached_released(void *arg)
 /* Where a ring's writers go on after a detach() that took n records: from its write position,
  * in its new array now and, after the next detach, in the array just taken (the drain gives
  * it back as the spare, which becomes the ring's array then, ~n records further on). The
- * drain pages both in (populate(), what is there kept) before the program's thread reaches
+ * drain pages both in (rh_populate(), what is there kept) before the program's thread reaches
  * them: fresh memory costs ~2 us a page on this VM, which the program would otherwise pay as
  * it writes (richards: ~13 ms of its own run). Twice as far as the call took (at least
  * AHEAD_MIN records): the new array's first part races with its writer, but the taken

@@ -53,9 +53,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdint.h>
-#include <sys/mman.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "clock.h"
 #include "drainround.h"
@@ -302,21 +300,6 @@ static struct {
 static int page_nreq;
 
 static void
-page_in(void *p, size_t n)
-{
-#ifdef MADV_POPULATE_WRITE
-    long ps = sysconf(_SC_PAGESIZE);
-    uintptr_t page = ps > 0 ? (uintptr_t)ps : 4096;
-    uintptr_t a = ((uintptr_t)p + page - 1) & ~(page - 1), e = ((uintptr_t)p + n) & ~(page - 1);
-    if (p != NULL && e > a)
-        (void)madvise((void *)a, e - a, MADV_POPULATE_WRITE);
-#else
-    (void)p;
-    (void)n;
-#endif
-}
-
-static void
 round_page_ahead(void *p, size_t n)
 {
     pthread_mutex_lock(&wake_mu);
@@ -338,7 +321,7 @@ page_requests(void)
         size_t n = page_req[page_nreq - 1].n;
         page_nreq--;
         pthread_mutex_unlock(&wake_mu);
-        page_in(p, n);
+        (void)rh_populate(p, n); /* (drainround.h) */
         pthread_mutex_lock(&wake_mu);
     }
 }

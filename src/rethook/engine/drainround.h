@@ -21,6 +21,8 @@
 
 #include <Python.h>
 #include <stdint.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #define RH_ROUND_CAPSULE "rethook.engine._ccore._ROUND_API"
 
@@ -55,6 +57,27 @@ typedef struct {
      * Under the GIL (or not); runs no Python code. */
     void (*page_ahead)(void *p, size_t bytes);
 } rh_round_api;
+
+/* Page the whole pages of [p, p + n) in for writing, what they hold kept (page_ahead's work,
+ * and the encoder's after a detach): 0, or -1 where the kernel cannot (no
+ * MADV_POPULATE_WRITE before Linux 5.14) or the range is not mapped writable. Never touches
+ * the memory: a range freed meanwhile only fails. Without the GIL. */
+static inline int
+rh_populate(void *p, size_t n)
+{
+#ifdef MADV_POPULATE_WRITE
+    long ps = sysconf(_SC_PAGESIZE);
+    uintptr_t page = ps > 0 ? (uintptr_t)ps : 4096;
+    uintptr_t a = ((uintptr_t)p + page - 1) & ~(page - 1), e = ((uintptr_t)p + n) & ~(page - 1);
+    if (p == NULL || e <= a)
+        return 0;
+    return madvise((void *)a, e - a, MADV_POPULATE_WRITE) == 0 ? 0 : -1;
+#else
+    (void)p;
+    (void)n;
+    return -1;
+#endif
+}
 
 /* For the other extensions: _ccore's struct, or NULL while _ccore is not loaded (the pure
  * core has no rounds: look again later). Holds the GIL; runs no Python code (a module's

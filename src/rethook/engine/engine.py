@@ -80,6 +80,19 @@ QUIESCE_WARN_SECONDS = 2.0
 SUSPENDING = 0x20 | 0x80 | 0x100 | 0x200
 
 
+
+def _dispatch_of(code: CodeType, parts: tuple) -> tuple:
+    """A function's dispatch entry ``(entry users, graph users, flags, marker, direct)``
+    from what its users share (:meth:`Engine._shared_dispatch`): a generator's or
+    coroutine's flags, a plain function's marker, the direct entry of a C user."""
+    entry, graph, flags, _, capsule = parts
+    suspending = code.co_flags & SUSPENDING
+    if suspending:
+        flags |= GENERATOR | WANT_FRAME
+    marker = make_marker(code) if graph and not suspending else None
+    direct = make_direct(code, graph[0], capsule) if capsule is not None else None
+    return (entry, graph, flags, marker, direct)
+
 class EngineError(RuntimeError):
     """A user cannot be registered or unregistered."""
 
@@ -261,8 +274,10 @@ class Engine:
         # id(code) -> code: new functions the users selected, hooked at their first call (the
         # cores' discovery hands them to _arm), shared with the core
         self._unarmed: dict[int, CodeType] = {}
-        # _build's users' indices -> their _shared_dispatch, while the users stay the same
+        # _build's users' indices -> their _shared_dispatch, and the users in dispatch order,
+        # while the users stay the same (both forgotten by _reconcile and _stop)
         self._shared: dict[tuple[int, ...], tuple] = {}
+        self._users: list[tuple[_Ops, Any, bool]] | None = None
         self._unsubscribe: Callable[[], None] | None = None
         self._parked_limit = PARKED_HIGH_WATER
         self._closed_deliveries = 0
@@ -363,6 +378,7 @@ class Engine:
             self._selection.clear()
             self._unarmed.clear()
             self._shared.clear()
+            self._users = None
             self._slots = [None] * FGRAPH_ARRAY_SIZE
             if self._for_exit:
                 # Nothing new is pushed (an empty table); exits still pop what is open until
@@ -571,7 +587,7 @@ class Engine:
         try:
             code = self._unarmed.pop(key, None)
             if code is not None and self.running:
-                self._hook_new({key: code})
+                self._hook_one(key, code)
         finally:
             self._lock.release()
         if self._late:  # (as _untraced: what another thread found while this one held it)
@@ -585,9 +601,7 @@ class Engine:
         Codes selected by the same users share everything but their marker and direct entry
         (see :meth:`_shared_dispatch`): that is worked out once per set of users, so a
         module's worth of new functions costs a few tuples each."""
-        users = [(ops, ereg, True) for ops, ereg in self._entry.items()]
-        users += [(reg.ops, reg, False) for reg in self._slots  # slot order = entry order
-                  if reg is not None]
+        users = self._current_users()
         keys = None if only is None else list(only)
         codes: dict[int, CodeType] = {}
         selected_by: dict[int, tuple[int, ...]] = {}  # code -> the indices of its users
@@ -610,17 +624,37 @@ class Engine:
             parts = shared.get(who)
             if parts is None:
                 parts = shared[who] = self._shared_dispatch([users[i] for i in who])
-            entry, graph, flags, mask, capsule = parts
-            suspending = code.co_flags & SUSPENDING
-            if suspending:
-                flags |= GENERATOR | WANT_FRAME
-            marker = make_marker(code) if graph and not suspending else None
-            direct = make_direct(code, graph[0], capsule) if capsule is not None else None
-            dispatch = (entry, graph, flags, marker, direct)
-            if marker is None and direct is None:  # nothing of its own: share one tuple
-                dispatch = interned.setdefault(dispatch, dispatch)
-            out[key] = (code, mask, dispatch)
+            dispatch = _dispatch_of(code, parts)
+            if dispatch[3] is None and dispatch[4] is None:  # no marker nor direct entry of
+                dispatch = interned.setdefault(dispatch, dispatch)  # its own: one tuple
+            out[key] = (code, parts[3], dispatch)
         return out
+
+    def _current_users(self) -> list[tuple[_Ops, Any, bool]]:
+        """``(ops, registration, is_entry_user)`` of every user, entry users first, graph
+        users in slot order (the entry order); kept until the users change (_reconcile)."""
+        users = self._users
+        if users is None:
+            users = [(ops, ereg, True) for ops, ereg in self._entry.items()]
+            users += [(reg.ops, reg, False) for reg in self._slots if reg is not None]
+            self._users = users
+        return users
+
+    def _build_one(self, key: int, code: CodeType) -> tuple[int, tuple] | None:
+        """``(local events, dispatch entry)`` of one function for the current users (what
+        :meth:`_build` gives for it), None if none selects it: a function's first call
+        (:meth:`_arm`), without a batch's dicts."""
+        users = self._current_users()
+        if len(users) == 1:
+            who: tuple[int, ...] = (0,) if key in self._selection[users[0][0]] else ()
+        else:
+            who = tuple(i for i, (ops, _, _) in enumerate(users) if key in self._selection[ops])
+        if not who:
+            return None
+        parts = self._shared.get(who)
+        if parts is None:
+            parts = self._shared[who] = self._shared_dispatch([users[i] for i in who])
+        return parts[3], _dispatch_of(code, parts)
 
     def _shared_dispatch(self, users: list[tuple[_Ops, Any, bool]]) -> tuple:
         """What the dispatch of every code these users select shares: ``(entry users, graph
@@ -681,6 +715,21 @@ class Engine:
         self._publish(self._table, added)
         self._rearm(added)
 
+    def _hook_one(self, key: int, code: CodeType) -> None:
+        """:meth:`_hook_new` for one function (its first call): the same steps."""
+        if key in self._table or key in self._events:
+            self._reconcile([])  # reported twice, or still draining: the general path
+            return
+        built = self._build_one(key, code)
+        if built is None:
+            return
+        mask, dispatch = built
+        sys.monitoring.set_local_events(self.tool_id, code, mask)  # events first, then the
+        self._events[key] = (code, mask)  # table (as in _reconcile)
+        self._table[key] = dispatch
+        self._publish(self._table, {key: dispatch})
+        self._rearm((key,))
+
     def _reconcile(self, retired: list[_core.Registration], removing: bool = False,
                    everything: bool = False) -> None:
         """Publish the dispatch for the current users; sweep what left (see module doc)."""
@@ -690,6 +739,7 @@ class Engine:
         # on an id another tool took (or the program freed) the events are not rethook's
         set_local = sys.monitoring.set_local_events if self._owns_hook() else _leave_events
         self._shared.clear()  # (the users, or what they want, may have changed)
+        self._users = None
         built = self._build()
         self._unarmed.clear()  # (built: every code selected, hooked below)
         table = {key: dispatch for key, (_, _, dispatch) in built.items()}
