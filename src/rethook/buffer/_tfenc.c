@@ -2576,13 +2576,19 @@ ahead_in(rh_rec *recs, uint64_t cap, uint64_t wpos, uint64_t want, rh_rec **at, 
     bytes[1] = (size_t)(want - first) * sizeof(rh_rec);
 }
 
+/* How many records ahead of a ring's writers the drain pages, after a call that took n:
+ * twice as many (at least AHEAD_MIN), at most the ring. */
+static inline uint64_t
+ahead_want(uint64_t n, uint64_t cap)
+{
+    uint64_t want = 2 * (n > AHEAD_MIN ? n : AHEAD_MIN);
+    return want < cap ? want : cap;
+}
+
 static void
 ahead_of(const rh_ring *rg, rh_rec *taken, uint64_t n, Detached *d)
 {
-    const uint64_t cap = rg->capacity;
-    uint64_t want = 2 * (n > AHEAD_MIN ? n : AHEAD_MIN);
-    if (want > cap)
-        want = cap;
+    const uint64_t cap = rg->capacity, want = ahead_want(n, cap);
     ahead_in(rg->recs, cap, rg->wpos, want, d->ahead, d->ahead_bytes);
     ahead_in(taken, cap, rg->wpos, want, d->ahead + 2, d->ahead_bytes + 2);
 }
@@ -2595,10 +2601,7 @@ page_ahead_in_place(const rh_ring *rg, uint64_t n, const rh_round_api *round)
 {
     if (round == NULL)
         return;
-    const uint64_t cap = rg->capacity;
-    uint64_t want = 2 * (n > AHEAD_MIN ? n : AHEAD_MIN);
-    if (want > cap)
-        want = cap;
+    const uint64_t cap = rg->capacity, want = ahead_want(n, cap);
     rh_rec *at[2];
     size_t bytes[2];
     ahead_in(rg->recs, cap, rg->wpos, want, at, bytes);

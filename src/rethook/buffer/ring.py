@@ -611,7 +611,6 @@ def _mark_finished(ref: weakref.ref) -> None:
         buf.finished = True
 
 
-
 class _Reconfiguring:
     """``with buffer._reconfiguring() as buffers:`` (TraceBuffer's): its lock and every
     thread buffer's held for the block; on a normal exit the writers are poked, then the
@@ -645,6 +644,7 @@ class _Reconfiguring:
     def _release(self) -> None:
         while self._held:
             self._held.pop().release()
+
 
 class TraceBuffer:
     """Per-thread trace ring buffers with tracefs-like accounting and two readers.

@@ -49,11 +49,11 @@ def leave_signals_to_the_program() -> None:
         signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals() - _SYNCHRONOUS)
 
 
-
 def _settle() -> None:
     """A hidden thread's first step: the program's signals and fork warning as they were."""
     leave_signals_to_the_program()
     unhush_fork_warning()
+
 
 class HiddenThread:
     """A ``_thread`` thread with a join: ``target(*args)`` runs once per :meth:`start`."""

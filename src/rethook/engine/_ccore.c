@@ -12,8 +12,8 @@
  *    core._new_thread_state, listed in core._threads), the sweep lock (core.sweep_lock,
  *    read at each use: after_fork_in_child rebinds it) and the internal-error counter
  *    (core.internal_error). The parked table is the C core's own (parktable.h: a dict
- *    churns at every yield and resume), which CCore.parked() hands the engine. Records stay Python lists and markers the
- *    dispatch's (code,) tuples, exactly as the pure core builds them; a direct record (below)
+ *    churns at every yield and resume), which CCore.parked() hands the engine. Records
+ *    stay Python lists and markers the dispatch's (code,) tuples, exactly as the pure core builds them; a direct record (below)
  *    is a list too, of a subtype whose header times Python reads exactly by item access.
  *  - Only the values the pure core keeps in module globals for its own callbacks are C
  *    statics here: the dispatch table (a C hash keyed by the code object's address, built by
@@ -1713,8 +1713,8 @@ direct_return(PyThreadState *tstate, PyObject *ts, PyObject *code, PyObject *exc
  * The same idea for the calls that suspend: per event no Python int, no argument vector, no
  * handler lookup, no vectorcall, no frame object made after the entry's (the frame is found
  * with frame_peek). Per call: the record (a freelist) and the user's entry data. The parked
- * table is the one other records use, keyed by frame, so parking, resuming on another thread, the
- * sweep, collect_parked and the overflow hook see direct records as any other.
+ * table is the one other records use, keyed by frame, so parking, resuming on another
+ * thread, the sweep, collect_parked and the overflow hook see direct records as any other.
  *
  *   entry   (on_start, fast or general path) the direct record is pushed, then gen_entry;
  *           declined: popped, as a generator's record with no claim.

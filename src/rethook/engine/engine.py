@@ -80,7 +80,6 @@ QUIESCE_WARN_SECONDS = 2.0
 SUSPENDING = 0x20 | 0x80 | 0x100 | 0x200
 
 
-
 def _dispatch_of(code: CodeType, parts: tuple) -> tuple:
     """A function's dispatch entry ``(entry users, graph users, flags, marker, direct)``
     from what its users share (:meth:`Engine._shared_dispatch`): a generator's or
@@ -92,6 +91,7 @@ def _dispatch_of(code: CodeType, parts: tuple) -> tuple:
     marker = make_marker(code) if graph and not suspending else None
     direct = make_direct(code, graph[0], capsule) if capsule is not None else None
     return (entry, graph, flags, marker, direct)
+
 
 class EngineError(RuntimeError):
     """A user cannot be registered or unregistered."""
@@ -625,9 +625,11 @@ class Engine:
             if parts is None:
                 parts = shared[who] = self._shared_dispatch([users[i] for i in who])
             dispatch = _dispatch_of(code, parts)
-            if dispatch[3] is None and dispatch[4] is None:  # no marker nor direct entry of
-                dispatch = interned.setdefault(dispatch, dispatch)  # its own: one tuple
-            out[key] = (code, parts[3], dispatch)
+            _, _, _, marker, direct = dispatch
+            if marker is None and direct is None:  # nothing of its own: share one tuple
+                dispatch = interned.setdefault(dispatch, dispatch)
+            _, _, _, mask, _ = parts
+            out[key] = (code, mask, dispatch)
         return out
 
     def _current_users(self) -> list[tuple[_Ops, Any, bool]]:
@@ -654,7 +656,8 @@ class Engine:
         parts = self._shared.get(who)
         if parts is None:
             parts = self._shared[who] = self._shared_dispatch([users[i] for i in who])
-        return parts[3], _dispatch_of(code, parts)
+        _, _, _, mask, _ = parts
+        return mask, _dispatch_of(code, parts)
 
     def _shared_dispatch(self, users: list[tuple[_Ops, Any, bool]]) -> tuple:
         """What the dispatch of every code these users select shares: ``(entry users, graph

@@ -17,7 +17,8 @@
  * tells a collected generator's frame by its reference count (engine.py, _UNREFERENCED).
  * Python code (the engine, tests) sees a small mapping: len, in, [], []=, del, pop, keys,
  * values, items (lists: snapshots), clear, iter. Runs under the GIL; no Python code runs while
- * the slots are being changed (references are dropped after, in park_release()).
+ * the slots are being changed: the references an operation drops (park_put's replaced record,
+ * park_take's, park_clear's) are released once the table is consistent again.
  */
 #ifndef RETHOOK_PARKTABLE_H
 #define RETHOOK_PARKTABLE_H
@@ -49,29 +50,39 @@ park_home(const ParkTable *t, const void *frame)
     return (size_t)h & t->mask;
 }
 
+/* Where frame is, or the empty slot its probe ends at (slots allocated). */
+static inline ParkSlot *
+park_probe(const ParkTable *t, const PyObject *frame)
+{
+    for (size_t i = park_home(t, frame);; i = (i + 1) & t->mask) {
+        ParkSlot *s = &t->slots[i];
+        if (s->frame == frame || s->frame == NULL)
+            return s;
+    }
+}
+
 /* The slot of frame, or NULL. */
 static inline ParkSlot *
 park_find(const ParkTable *t, const PyObject *frame)
 {
     if (t->used == 0)
         return NULL;
-    for (size_t i = park_home(t, frame);; i = (i + 1) & t->mask) {
-        ParkSlot *s = &t->slots[i];
-        if (s->frame == frame)
-            return s;
-        if (s->frame == NULL)
-            return NULL;
-    }
+    ParkSlot *s = park_probe(t, frame);
+    return s->frame != NULL ? s : NULL;
 }
 
-/* Room for one more entry: the slots doubled (rehashed) before they would be half full.
- * 0, or -1 with MemoryError set (nothing changed). */
-static int
-park_room(ParkTable *t)
+static inline size_t
+park_capacity(const ParkTable *t)
 {
-    size_t cap = t->slots == NULL ? 0 : t->mask + 1;
-    if ((size_t)(t->used + 1) * 2 <= cap)
-        return 0;
+    return t->slots == NULL ? 0 : t->mask + 1;
+}
+
+/* The slots doubled (rehashed), or made: an insert grows the table before it would be half
+ * full. 0, or -1 with MemoryError set (nothing changed). */
+static int
+park_grow(ParkTable *t)
+{
+    size_t cap = park_capacity(t);
     size_t ncap = cap ? cap * 2 : PARK_MIN_SLOTS;
     ParkSlot *fresh = PyMem_Calloc(ncap, sizeof(ParkSlot));
     if (fresh == NULL) {
@@ -100,19 +111,19 @@ static int
 park_put(ParkTable *t, PyObject *frame, PyObject *rec, PyObject **old)
 {
     *old = NULL;
-    ParkSlot *s = park_find(t, frame);
-    if (s != NULL) {
+    ParkSlot *s = t->slots != NULL ? park_probe(t, frame) : NULL;
+    if (s != NULL && s->frame != NULL) {
         *old = s->rec;
         s->rec = Py_NewRef(rec);
         return 0;
     }
-    if (park_room(t) < 0)
-        return -1;
-    size_t i = park_home(t, frame);
-    while (t->slots[i].frame != NULL)
-        i = (i + 1) & t->mask;
-    t->slots[i].frame = Py_NewRef(frame);
-    t->slots[i].rec = Py_NewRef(rec);
+    if ((size_t)(t->used + 1) * 2 > park_capacity(t)) {
+        if (park_grow(t) < 0)
+            return -1;
+        s = park_probe(t, frame); /* (in the new slots) */
+    }
+    s->frame = Py_NewRef(frame);
+    s->rec = Py_NewRef(rec);
     t->used++;
     return 0;
 }
@@ -157,7 +168,7 @@ static void
 park_clear(ParkTable *t)
 {
     ParkSlot *old = t->slots;
-    size_t cap = old == NULL ? 0 : t->mask + 1;
+    size_t cap = park_capacity(t);
     t->slots = NULL;
     t->mask = 0;
     t->used = 0;
@@ -177,7 +188,7 @@ park_list(ParkTable *t, int what) /* 0 keys, 1 values, 2 (key, value) tuples */
     if (out == NULL)
         return NULL;
     Py_ssize_t n = 0;
-    for (size_t i = 0; t->slots != NULL && i <= t->mask; i++) {
+    for (size_t i = 0; i < park_capacity(t); i++) {
         ParkSlot *s = &t->slots[i];
         if (s->frame == NULL)
             continue;
