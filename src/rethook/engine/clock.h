@@ -54,18 +54,18 @@ rh_monotonic_ns(void)
     return (int64_t)t.tv_sec * 1000000000LL + (int64_t)t.tv_nsec;
 }
 
-/* The trace clock; c may be NULL (CLOCK_MONOTONIC). */
-static inline int64_t
+/* The trace clock; c may be NULL (CLOCK_MONOTONIC). Always inlined: it is on every event. */
+static inline __attribute__((always_inline)) int64_t
 rh_clock_ns(const rh_clock *c)
 {
 #if RH_HAVE_TSC
-    if (c != NULL && c->use_tsc > 0) {
-        uint64_t d = __rdtsc() - c->tsc0;
-        return c->ns0 + (int64_t)(((unsigned __int128)d * c->mult) >> RH_CLOCK_SHIFT);
-    }
-    if (c != NULL && c->use_tsc == RH_CLOCK_PENDING) { /* the first reading, once */
-        c->finish();
-        return rh_clock_ns(c);
+    if (c != NULL) {
+        if (__builtin_expect(c->use_tsc == RH_CLOCK_PENDING, 0))
+            c->finish(); /* the first reading, once */
+        if (c->use_tsc > 0) {
+            uint64_t d = __rdtsc() - c->tsc0;
+            return c->ns0 + (int64_t)(((unsigned __int128)d * c->mult) >> RH_CLOCK_SHIFT);
+        }
     }
 #endif
     (void)c;

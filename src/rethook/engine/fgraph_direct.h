@@ -49,7 +49,12 @@
  * call needs, calls prepare(self, tstate) (which may run Python code to make that state: 0
  * done, -1 an error is set) and enters the call again with a fresh time. So the core's fast
  * path calls entry with no reference held and no busy mark: nothing can run between its look
- * at the dispatch and the hook's return. Without prepare (older users), entry may run Python
+ * at the dispatch and the hook's return. The same holds for gen_entry and gen_resume, the
+ * generator hooks that may be a thread's first call of the user (a generator resumed on another
+ * thread): they answer RH_DIRECT_PREPARE too, and the core prepares the thread and calls again.
+ * Such a user also promises that releasing its entry data runs no Python code, so that a
+ * generator call enters, suspends, resumes and ends with nothing held and the thread not
+ * marked busy. Without prepare (older users), entry, gen_entry and gen_resume may run Python
  * code on a thread's first call and the core guards every call.
  *
  * No Python object is made per event: a plain function's shadow-stack entry is shared by every

@@ -104,17 +104,18 @@ park_grow(ParkTable *t)
     return 0;
 }
 
-/* t[frame] = rec (new references taken). A record it replaces is handed back in *old (the
- * caller releases it once it is done with the table), else *old is NULL. 0, or -1 with
- * MemoryError set. */
-static int
-park_put(ParkTable *t, PyObject *frame, PyObject *rec, PyObject **old)
+/* t[frame] = rec, the caller's reference to rec passing to the table (a new one is taken to
+ * frame). A record it replaces is handed back in *old (the caller releases it once it is done
+ * with the table), else *old is NULL. 0, or -1 with MemoryError set (the caller keeps its
+ * reference). */
+static inline int
+park_put_ref(ParkTable *t, PyObject *frame, PyObject *rec, PyObject **old)
 {
     *old = NULL;
     ParkSlot *s = t->slots != NULL ? park_probe(t, frame) : NULL;
     if (s != NULL && s->frame != NULL) {
         *old = s->rec;
-        s->rec = Py_NewRef(rec);
+        s->rec = rec;
         return 0;
     }
     if ((size_t)(t->used + 1) * 2 > park_capacity(t)) {
@@ -123,8 +124,19 @@ park_put(ParkTable *t, PyObject *frame, PyObject *rec, PyObject **old)
         s = park_probe(t, frame); /* (in the new slots) */
     }
     s->frame = Py_NewRef(frame);
-    s->rec = Py_NewRef(rec);
+    s->rec = rec;
     t->used++;
+    return 0;
+}
+
+/* t[frame] = rec (new references taken); as park_put_ref() otherwise. */
+static int
+park_put(ParkTable *t, PyObject *frame, PyObject *rec, PyObject **old)
+{
+    if (park_put_ref(t, frame, Py_NewRef(rec), old) < 0) {
+        Py_DECREF(rec); /* (the caller's reference remains) */
+        return -1;
+    }
     return 0;
 }
 

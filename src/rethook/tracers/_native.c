@@ -663,8 +663,9 @@ graph_leave(TState *st, int kind, long d)
     return 0;
 }
 
-/* The exit record of a call that entered at depth d (tracing_thresh, funcgraph-overrun). */
-static int
+/* The exit record of a call that entered at depth d (tracing_thresh, funcgraph-overrun).
+ * Inlined: it is most of a direct exit, which then runs as one function. */
+static inline __attribute__((always_inline)) int
 graph_exit_record(NUser *u, TState *st, PyObject *code, long d, int64_t t0, int64_t t1,
                   int64_t sleep, long flags, int raised)
 {
@@ -747,7 +748,7 @@ direct_prepare(void *self, PyThreadState *tstate)
 }
 
 /* The newest direct call of thread st leaves (returns, raises, or is delivered unfinished). */
-static int
+static inline int
 direct_leave(NUser *u, TState *st, PyObject *code, int64_t t, int raised, long flags)
 {
     if (st->ndstack == 0) {
@@ -890,15 +891,15 @@ graph_resume(NUser *u, PyObject *const *args, Py_ssize_t nargs)
  * The entry data is the same NCall entryfunc makes, so a claim delivered from Python (sweep,
  * collect_parked, a thread's end) goes through retfunc as any other. */
 
+/* Runs no Python code: a thread without a state yet is left to direct_prepare(). */
 static int
 direct_gen_entry(void *self, PyThreadState *tstate, PyObject *code, int64_t t, PyObject **data)
 {
     NUser *u = self;
-    unsigned long made = u->made;
-    TState *st = tstate_in(u, tstate);
+    TState *st = tstate_known(u, tstate);
     if (st == NULL)
-        return -1;
-    PyObject *c = graph_claim(u, st, code, t, made);
+        return RH_DIRECT_PREPARE;
+    PyObject *c = graph_claim(u, st, code, t, u->made);
     if (c == NULL)
         return -1;
     if (c == Py_None) {
@@ -921,6 +922,7 @@ direct_gen_suspend(void *self, PyThreadState *Py_UNUSED(tstate), PyObject *code,
     return 0;
 }
 
+/* Runs no Python code: a thread without a state yet is left to direct_prepare(). */
 static int
 direct_gen_resume(void *self, PyThreadState *tstate, PyObject *code, PyObject *data, int64_t t)
 {
@@ -928,9 +930,9 @@ direct_gen_resume(void *self, PyThreadState *tstate, PyObject *code, PyObject *d
     NCall *c = as_call(u, data);
     if (c == NULL)
         return -1;
-    TState *st = tstate_in(u, tstate);
+    TState *st = tstate_known(u, tstate);
     if (st == NULL)
-        return -1;
+        return RH_DIRECT_PREPARE;
     graph_call_resume(u, st, c, code, t);
     return 0;
 }
