@@ -234,8 +234,24 @@ def _other_thread(fs):
     assert list(g) == [3, 4, 5]
 
 
+def _new_thread(fs):
+    """A generator whose call is a new thread's first traced event (the user prepares the
+    thread from the generator's entry), then one parked there and resumed by another new
+    thread (prepared from the resumption)."""
+    t = threading.Thread(target=lambda: list(gens.count(3)), name="enterer")
+    t.start()
+    t.join()
+    g = gens.count(4)
+    t = threading.Thread(target=lambda: next(g), name="first")
+    t.start()
+    t.join()
+    t = threading.Thread(target=lambda: list(g), name="second")
+    t.start()
+    t.join()
+
+
 @pytest.mark.parametrize("program", [_thrown, _closed_early, _abandoned, _overflow, _asyncio,
-                                     _other_thread])
+                                     _other_thread, _new_thread])
 @pytest.mark.parametrize("settings", [{}, {"options/sleep-time": "0"}, {"max_graph_depth": "1"},
                                       {"set_graph_notrace": "programs.gens.count"}],
                          ids=["default", "nosleep", "depth1", "notrace"])
@@ -283,6 +299,22 @@ def test_a_generator_resumed_on_another_thread_records_there(on_c_core):
     other = {e[2] for e in events} - {main}
     assert len(other) == 1
     assert all(e[3] == 0 for e in events)  # depth 0 on both threads
+
+
+def test_generators_prepare_the_threads_they_enter_and_resume_on(on_c_core):
+    """A thread whose first traced event is a generator's entry or resumption gets its state
+    then (gen_entry and gen_resume answer RH_DIRECT_PREPARE; the core prepares the thread):
+    every event lands in the ring of the thread it happened on, none is missed."""
+    events = _run_events(_new_thread, native_users=True, filt="programs.gens.count")
+    by_thread: dict[int, list[int]] = {}
+    for e in events:
+        by_thread.setdefault(e[2], []).append(e[0])
+    assert sorted(by_thread.values()) == sorted([
+        [2, 4, 5, 4, 5, 4, 5, 3],  # enterer: the whole call
+        [2, 4],                    # first: entry and first suspension
+        [5, 4, 5, 4, 5, 4, 5, 3],  # second: the rest
+    ])
+    assert all(e[3] == 0 for e in events)
 
 
 # --- teardown while calls are parked or open ----------------------------------------------
