@@ -273,6 +273,38 @@ def test_deep_recursion_and_teardown_with_open_calls(on_c_core):
     assert max(e[3] for e in entries) == 10_000
 
 
+@pytest.mark.parametrize("overwrite", [True, False])
+def test_a_ring_that_fills_keeps_whole_calls_in_order(on_c_core, overwrite):
+    """The smallest ring, filled many times over by plain direct calls (whose hooks write
+    through the fast lane while the ring's records are quiet, and the general path once they
+    hold what they overwrite or the ring passes its mark): what it keeps is a run of whole
+    events in time order, newest last when it overwrites, oldest first when it refuses, and
+    the rest is counted as lost."""
+    fs = Tracefs()
+    try:
+        fs.write("buffer_size_kb", "1")
+        fs.write("options/overwrite", "1" if overwrite else "0")
+        fs.write("set_ftrace_filter", "programs.calls.fib")
+        fs.write("current_tracer", "function_graph")
+        assert type(fs.tracer.ops) is NativeGraphOps
+        assert calls.fib(14) == 377
+        fs.write("tracing_on", "0")
+        events = fs.ctx.buffer.snapshot()
+        totals = fs.ctx.buffer.totals()
+    finally:
+        fs.close()
+    calls_made = 1219  # fib(14)'s calls: two events each
+    assert 0 < len(events) < 2 * calls_made
+    assert (totals.written, totals.lost) == (2 * calls_made, 2 * calls_made - len(events))
+    assert [e[1] for e in events] == sorted(e[1] for e in events)
+    assert {e[0] for e in events} <= {2, 3} and {e[4] for e in events} == {"programs.calls.fib"}
+    for e in events:
+        if e[0] == 3:
+            assert e[5] <= e[1] and e[8] == 0  # calltime before the exit, no flags
+    last = events[-1] if overwrite else events[0]
+    assert last[0] == (3 if overwrite else 2) and last[3] == 0  # the outermost call's end/start
+
+
 def test_unfinished_exit_when_tracing_ends_inside_a_call(on_c_core):
     fs = Tracefs()
     started, release = threading.Event(), threading.Event()

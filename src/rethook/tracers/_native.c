@@ -233,6 +233,8 @@ typedef struct {
     int sleep_time;       /* durations include time suspended */
     int graph_time;       /* profiler: time includes children */
     int exit_raised;      /* flag bit an exit record gets when the call raised */
+    int plain;            /* graph: none of roots, skip, overrun_of, max_depth, thresh (the
+                           * direct hooks' fast lane records every call as it comes) */
     TState *states;
     unsigned long made;   /* thread states made so far (fresh_time()) */
     rh_direct direct;      /* the hooks ops.direct's capsule points at (fgraph_direct.h) */
@@ -722,11 +724,82 @@ dstack_push(TState *st, DCall c)
     return 0;
 }
 
-/* Runs no Python code: a thread without a state yet is left to direct_prepare(). */
+/* ---- The direct hooks' fast lane --------------------------------------------------------
+ * A plain user's call (u->plain: every call is recorded as it comes, at depth st->depth) on a
+ * thread the cache knows, with room on the thread's stack and a quiet record in its ring
+ * (rh_ring_reserve_quiet): the same DCall and records as below, with no call made, so the
+ * hooks stay small. Anything else goes to direct_entry_general / direct_exit_general. */
+
+/* The thread's state if the cache has it (no call), else NULL. */
+static inline TState *
+tstate_cached(NUser *u, PyThreadState *ts)
+{
+    TCache *e = &u->cache[hash_ptr(ts) & (TS_CACHE - 1)];
+    return e->tstate == ts && e->id == ts->id ? e->st : NULL;
+}
+
+static int direct_entry_general(NUser *u, PyThreadState *tstate, PyObject *code, int64_t t);
+static int direct_exit_general(NUser *u, PyThreadState *tstate, PyObject *code, int64_t t,
+                               PyObject *exc, long flags);
+
 static int
 direct_entry(void *self, PyThreadState *tstate, PyObject *code, int64_t t)
 {
     NUser *u = self;
+    TState *st = u->plain ? tstate_cached(u, tstate) : NULL;
+    if (st != NULL && !st->notrace && st->ndstack < st->capdstack) {
+        rh_rec *rec = rh_ring_reserve_quiet(st->ring);
+        if (rec != NULL) {
+            long d = st->depth;
+            st->dstack[st->ndstack++] = (DCall){t, d, CALL_RECORD};
+            st->depth = d + 1;
+            rec->ts = t;
+            rec->code = Py_NewRef(code);
+            rec->parent = NULL;
+            rec->calltime = 0;
+            rec->sleep = 0;
+            rec->type = RH_FUNCGRAPH_ENTRY;
+            rec->depth = (int32_t)d;
+            rec->flags = 0;
+            rec->overrun = 0;
+            return 1;
+        }
+    }
+    return direct_entry_general(u, tstate, code, t);
+}
+
+static int
+direct_exit(void *self, PyThreadState *tstate, PyObject *code, int64_t t, PyObject *exc,
+            long flags)
+{
+    NUser *u = self;
+    TState *st = u->plain ? tstate_cached(u, tstate) : NULL;
+    if (st != NULL && st->ndstack > 0 && st->dstack[st->ndstack - 1].kind == CALL_RECORD) {
+        rh_rec *rec = rh_ring_reserve_quiet(st->ring);
+        if (rec != NULL) {
+            DCall c = st->dstack[--st->ndstack];
+            st->depth = c.d;
+            if (exc != NULL && exc != Py_None)
+                flags |= u->exit_raised;
+            rec->ts = t;
+            rec->code = Py_NewRef(code);
+            rec->parent = NULL;
+            rec->calltime = c.t0; /* (no sleep: a plain function's call does not suspend) */
+            rec->sleep = 0;
+            rec->type = RH_FUNCGRAPH_EXIT;
+            rec->depth = (int32_t)c.d;
+            rec->flags = (int32_t)flags;
+            rec->overrun = 0;
+            return 0;
+        }
+    }
+    return direct_exit_general(u, tstate, code, t, exc, flags);
+}
+
+/* Runs no Python code: a thread without a state yet is left to direct_prepare(). */
+static __attribute__((noinline)) int
+direct_entry_general(NUser *u, PyThreadState *tstate, PyObject *code, int64_t t)
+{
     TState *st = tstate_known(u, tstate);
     if (st == NULL)
         return RH_DIRECT_PREPARE;
@@ -762,11 +835,10 @@ direct_leave(NUser *u, TState *st, PyObject *code, int64_t t, int raised, long f
     return graph_exit_record(u, st, code, c.d, c.t0, t, 0, flags, raised);
 }
 
-static int
-direct_exit(void *self, PyThreadState *tstate, PyObject *code, int64_t t, PyObject *exc,
-            long flags)
+static __attribute__((noinline)) int
+direct_exit_general(NUser *u, PyThreadState *tstate, PyObject *code, int64_t t, PyObject *exc,
+                    long flags)
 {
-    NUser *u = self;
     TState *st = tstate_known(u, tstate); /* (its entry made it: no Python code runs) */
     if (st == NULL) {
         PyErr_SetString(PyExc_RuntimeError,
@@ -1140,6 +1212,8 @@ NUser_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     u->sleep_time = sleep_time;
     u->graph_time = graph_time;
     u->exit_raised = exit_raised;
+    u->plain = k == KIND_GRAPH && !u->roots && !u->skip && !u->overrun_of && !max_depth &&
+               !thresh;
     return (PyObject *)u;
 }
 
