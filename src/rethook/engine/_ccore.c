@@ -2012,7 +2012,7 @@ drec_park(PyObject *rec, PyObject *frame, PyThreadState *tstate, int64_t t, PyOb
  * (the call ran on this thread, so it is not the thread's first: fgraph_direct.h), so nothing
  * is held and the thread is marked busy only for what runs Python code: a hook's error and the
  * overflow hook. The stack's reference to the record passes to the parked table. */
-static inline int
+static inline __attribute__((always_inline)) int
 gen_direct_yield(PyThreadState *tstate, PyObject *ts, PyObject **pending)
 {
     PyObject *top = gen_direct_top(tstate, ts);
@@ -2086,7 +2086,7 @@ gen_direct_resumed_slowly(int r, PyObject *rec, PyThreadState *tstate, PyObject 
  * RH_DIRECT_PREPARE). The record leaves the table, its sleep grows, the user's resume hook
  * runs, and the table's reference to the record passes to the stack. Nothing is held and the
  * thread is not marked busy unless the hook's answer needs Python code. */
-static inline int
+static inline __attribute__((always_inline)) int
 gen_direct_resume(PyThreadState *tstate, PyObject *ts, PyObject *frame, PyObject **pending)
 {
     ParkSlot *slot = park_find(parked, frame);
@@ -2717,9 +2717,10 @@ done:
     return finish(pending);
 }
 
-/* PY_YIELD(code, offset, value): rule 3, the record moves to the parked table. */
-static PyObject *
-on_yield(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+/* PY_YIELD(code, offset, value): rule 3, the record moves to the parked table. The general
+ * callback (as on_start_general). */
+static __attribute__((noinline)) PyObject *
+on_yield_general(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
     (void)args;
     if (nargs < 1)
@@ -2785,9 +2786,10 @@ done:
 }
 
 /* PY_RESUME(code, offset) and PY_THROW(code, offset, exc): the parked record comes back onto
- * the resuming thread's stack (possibly another thread) with its suspended time added. */
-static PyObject *
-on_resume(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+ * the resuming thread's stack (possibly another thread) with its suspended time added. The
+ * general callback (as on_start_general). */
+static __attribute__((noinline)) PyObject *
+on_resume_general(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
     (void)args;
     (void)nargs;
@@ -2863,6 +2865,39 @@ done:
     SET_BUSY(ts, 0);
     Py_DECREF(ts);
     return finish(pending);
+}
+
+/* PY_YIELD: the fast lane (a prepared user's direct record on top of an idle thread's stack,
+ * as on_start's), then on_yield_general. */
+static PyObject *
+on_yield(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs >= 1 && quiet()) {
+        PyThreadState *tstate = current_tstate();
+        PyObject *ts = idle_ts(tstate);
+        PyObject *pending = NULL;
+        if (ts != NULL && gen_direct_yield(tstate, ts, &pending))
+            return finish(pending);
+    }
+    return on_yield_general(module, args, nargs);
+}
+
+/* PY_RESUME / PY_THROW: nothing when nothing is parked; the fast lane (a prepared user's
+ * parked direct record, an idle thread), then on_resume_general. */
+static PyObject *
+on_resume(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (parked->used == 0)
+        Py_RETURN_NONE;
+    if (quiet()) {
+        PyThreadState *tstate = current_tstate();
+        PyObject *ts = idle_ts(tstate);
+        PyObject *frame = ts != NULL ? frame_peek(tstate) : NULL;
+        PyObject *pending = NULL;
+        if (frame != NULL && gen_direct_resume(tstate, ts, frame, &pending))
+            return finish(pending);
+    }
+    return on_resume_general(module, args, nargs);
 }
 
 /* ---------------------------------------------------------------------------------------- */
