@@ -880,6 +880,19 @@ def test_crc32_is_zlibs(data, value):
     assert _tfenc.crc32(memoryview(data)[1:]) == zlib.crc32(data[1:])
 
 
+@pytest.mark.parametrize("clmul", [True, False])
+@given(data=st.binary(min_size=60, max_size=600), value=st.integers(0, (1 << 32) - 1),
+       start=st.integers(0, 15))
+def test_crc32_folding_and_tables_are_zlibs(clmul, data, value, start):
+    """Both ways of computing the CRC (PCLMULQDQ folding where the CPU has it, the tables),
+    at every length around the folding's 64-byte blocks and 16-byte steps and any alignment."""
+    saved = _tfenc._crc_clmul(clmul)
+    try:
+        assert _tfenc.crc32(memoryview(data)[start:], value) == zlib.crc32(data[start:], value)
+    finally:
+        _tfenc._crc_clmul(saved)
+
+
 def test_bad_arguments():
     ring = cring.Ring(4, TID)
     with pytest.raises(TypeError):

@@ -639,35 +639,23 @@ encode_ints(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 
 /* zlib.crc32() releases the GIL for buffers over 5 KB. The drain thread that writes a
  * recording must not: a CPU-bound program holding the GIL then keeps it for a whole switch
- * interval (5 ms), time in which it fills the ring the drain thread is emptying. Slice-by-16,
- * byte order independent (bytes are assembled little-endian). */
+ * interval (5 ms), time in which it fills the ring the drain thread is emptying.
+ *
+ * Two ways, the same CRC: tables (slice-by-16, byte order independent: bytes are assembled
+ * little-endian), and on x86-64 CPUs with PCLMULQDQ, folding (crc32_fold(): ~0.4
+ * instructions a byte where the tables take ~3.6, a tenth of the drain's work per event). */
+#define CRC_POLY 0x04C11DB7u           /* zlib's CRC-32, x^32 left implicit */
+#define CRC_POLY_REFLECTED 0xEDB88320u /* the same, bit-reversed (what the tables use) */
 static uint32_t crc_table[16][256];
 static int crc_ready;
+static int crc_clmul; /* crc32_fold() is used (the CPU has PCLMULQDQ; tests: _crc_clmul()) */
 
-static void
-crc_init(void)
-{
-    /* Deterministic data written once before use (a second interpreter importing the module
-     * at the same moment would write the same values). */
-    if (crc_ready)
-        return;
-    for (uint32_t i = 0; i < 256; i++) {
-        uint32_t c = i;
-        for (int k = 0; k < 8; k++)
-            c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-        crc_table[0][i] = c;
-    }
-    for (int t = 1; t < 16; t++)
-        for (int i = 0; i < 256; i++)
-            crc_table[t][i] = (crc_table[t - 1][i] >> 8) ^ crc_table[0][crc_table[t - 1][i] & 0xFF];
-    crc_ready = 1;
-}
-
+/* The CRC state (before the final inversion) after the n bytes at p, from state crc, through
+ * the tables */
 static uint32_t
-crc32_update(uint32_t crc, const unsigned char *p, size_t n)
+crc32_sliced(uint32_t crc, const unsigned char *p, size_t n)
 {
     const uint32_t (*T)[256] = (const uint32_t (*)[256])crc_table;
-    crc = ~crc;
     while (n >= 16) {
         uint32_t w0 = crc ^ ((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
                              (uint32_t)p[3] << 24);
@@ -699,7 +687,129 @@ crc32_update(uint32_t crc, const unsigned char *p, size_t n)
     }
     while (n--)
         crc = T[0][(crc ^ *p++) & 0xFF] ^ (crc >> 8);
-    return ~crc;
+    return crc;
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define HAVE_CRC_FOLD 1
+#include <immintrin.h>
+
+/* x^n mod the CRC's polynomial, in the ordinary bit order (bit k: x^k) */
+static uint32_t
+crc_xpow(unsigned n)
+{
+    uint32_t r = 1;
+    while (n--)
+        r = (r & 0x80000000u) ? (r << 1) ^ CRC_POLY : r << 1;
+    return r;
+}
+
+static uint32_t
+reverse32(uint32_t x)
+{
+    uint32_t r = 0;
+    for (int k = 0; k < 32; k++, x >>= 1)
+        r = (r << 1) | (x & 1);
+    return r;
+}
+
+/* What moves 128 bits of data `bits` bits further on, for crc32_fold(): x^(bits + 63) mod P
+ * for their low 64-bit half (the first eight bytes: the higher powers), x^(bits - 1) mod P
+ * for the high half, each in the bit-reflected order of the data (bit k of a 64-bit half:
+ * x^(63 - k)). The extra -1: a carry-less product of two reflected 64-bit halves comes out
+ * as the reflected product times x. */
+static __m128i
+crc_fold_constant(unsigned bits)
+{
+    uint64_t lo = (uint64_t)reverse32(crc_xpow(bits + 63)) << 32;
+    uint64_t hi = (uint64_t)reverse32(crc_xpow(bits - 1)) << 32;
+    return _mm_set_epi64x((long long)hi, (long long)lo);
+}
+
+/* crc_fold_constant(128 * (k + 1)), k = 0 .. 3 (crc_init()) */
+static __m128i crc_fold_by[4];
+#define FOLD_16 crc_fold_by[0]
+#define FOLD_32 crc_fold_by[1]
+#define FOLD_48 crc_fold_by[2]
+#define FOLD_64 crc_fold_by[3]
+
+/* a (128 bits of data) moved on as k says: congruent to a * x^bits modulo P, in 128 bits */
+__attribute__((target("pclmul"))) static inline __m128i
+crc_fold_move(__m128i a, __m128i k)
+{
+    return _mm_xor_si128(_mm_clmulepi64_si128(a, k, 0x00), _mm_clmulepi64_si128(a, k, 0x11));
+}
+
+/* a moved on as k says, plus the next 16 bytes at p */
+__attribute__((target("pclmul"))) static inline __m128i
+crc_fold_in(__m128i a, __m128i k, const unsigned char *p)
+{
+    return _mm_xor_si128(crc_fold_move(a, k), _mm_loadu_si128((const __m128i *)p));
+}
+
+/* The CRC state (before the final inversion) after n >= 64 bytes at p, from state s. The
+ * bytes as a polynomial D (the first byte's bit 0 the highest power), s XOR-ed into the first
+ * four: s * x^(8n) + D * x^32 is then D' * x^32, D' those bytes. D' is folded 64 bytes at a
+ * time in four 128-bit lanes (four independent products: the CPU overlaps them), then into
+ * one, then 16 bytes at a time: 128 bits congruent to D' modulo P, whose CRC from state 0
+ * is D' * x^32 mod P. The bytes after the last whole 16 go on through the tables. */
+__attribute__((target("pclmul"))) static uint32_t
+crc32_fold(uint32_t s, const unsigned char *p, size_t n)
+{
+    __m128i a0 = _mm_xor_si128(_mm_loadu_si128((const __m128i *)p), _mm_cvtsi32_si128((int)s));
+    __m128i a1 = _mm_loadu_si128((const __m128i *)(p + 16));
+    __m128i a2 = _mm_loadu_si128((const __m128i *)(p + 32));
+    __m128i a3 = _mm_loadu_si128((const __m128i *)(p + 48));
+    for (p += 64, n -= 64; n >= 64; p += 64, n -= 64) {
+        a0 = crc_fold_in(a0, FOLD_64, p);
+        a1 = crc_fold_in(a1, FOLD_64, p + 16);
+        a2 = crc_fold_in(a2, FOLD_64, p + 32);
+        a3 = crc_fold_in(a3, FOLD_64, p + 48);
+    }
+    __m128i a = _mm_xor_si128(_mm_xor_si128(crc_fold_move(a0, FOLD_48), crc_fold_move(a1, FOLD_32)),
+                              _mm_xor_si128(crc_fold_move(a2, FOLD_16), a3));
+    for (; n >= 16; p += 16, n -= 16)
+        a = crc_fold_in(a, FOLD_16, p);
+    unsigned char folded[16];
+    _mm_storeu_si128((__m128i *)folded, a);
+    return crc32_sliced(crc32_sliced(0, folded, 16), p, n);
+}
+#endif /* x86-64 */
+
+static void
+crc_init(void)
+{
+    /* Deterministic data written once before use (a second interpreter importing the module
+     * at the same moment would write the same values). */
+    if (crc_ready)
+        return;
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++)
+            c = (c & 1) ? CRC_POLY_REFLECTED ^ (c >> 1) : c >> 1;
+        crc_table[0][i] = c;
+    }
+    for (int t = 1; t < 16; t++)
+        for (int i = 0; i < 256; i++)
+            crc_table[t][i] = (crc_table[t - 1][i] >> 8) ^ crc_table[0][crc_table[t - 1][i] & 0xFF];
+#ifdef HAVE_CRC_FOLD
+    for (int k = 0; k < 4; k++)
+        crc_fold_by[k] = crc_fold_constant(128 * (unsigned)(k + 1));
+    __builtin_cpu_init();
+    crc_clmul = __builtin_cpu_supports("pclmul");
+#endif
+    crc_ready = 1;
+}
+
+/* zlib.crc32(p[:n], crc) */
+static uint32_t
+crc32_update(uint32_t crc, const unsigned char *p, size_t n)
+{
+#ifdef HAVE_CRC_FOLD
+    if (crc_clmul && n >= 64)
+        return ~crc32_fold(~crc, p, n);
+#endif
+    return ~crc32_sliced(~crc, p, n);
 }
 
 PyDoc_STRVAR(crc32_doc,
@@ -728,6 +838,34 @@ tfenc_crc32(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     uint32_t crc = crc32_update((uint32_t)value, view.buf, (size_t)view.len);
     PyBuffer_Release(&view);
     return PyLong_FromUnsignedLong(crc);
+}
+
+PyDoc_STRVAR(crc_clmul_doc,
+"_crc_clmul([on]) -> bool\n\
+\n\
+Whether crc32() (and the encoder's chunk CRCs) fold with PCLMULQDQ rather than use\n\
+the tables, before the call; on: False makes them use the tables, True folds where\n\
+the CPU can (for tests and measurements).");
+
+static PyObject *
+tfenc_crc_clmul(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    int old = crc_clmul;
+    if (nargs > 1) {
+        PyErr_SetString(PyExc_TypeError, "_crc_clmul() takes at most 1 argument");
+        return NULL;
+    }
+    if (nargs == 1) {
+        int on = PyObject_IsTrue(args[0]);
+        if (on < 0)
+            return NULL;
+        crc_clmul = 0;
+#ifdef HAVE_CRC_FOLD
+        crc_clmul = on && __builtin_cpu_supports("pclmul");
+#endif
+    }
+    return PyBool_FromLong(old);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -3034,6 +3172,7 @@ static PyMethodDef methods[] = {
     {"reserve", (PyCFunction)(void (*)(void))reserve, METH_FASTCALL, reserve_doc},
     {"free_scratch", free_scratch, METH_NOARGS, free_scratch_doc},
     {"_nogil", (PyCFunction)(void (*)(void))tfenc_nogil, METH_FASTCALL, nogil_doc},
+    {"_crc_clmul", (PyCFunction)(void (*)(void))tfenc_crc_clmul, METH_FASTCALL, crc_clmul_doc},
     {NULL, NULL, 0, NULL},
 };
 
