@@ -1702,17 +1702,14 @@ typedef struct {
     int32_t slot, pslot;
 } Named;
 
-/* A record as the columns take it (row_of()), in its ring slot or a detached array */
+/* Ring positions [pos, pos + len) */
 typedef struct {
-    int64_t ts, calltime, sleep;
-    int32_t type;
-    int32_t depth; /* graph records: the depth; function records: the caller's line */
-    int32_t flags, overrun;
-    Named names;
-} Row;
+    uint64_t pos;
+    Py_ssize_t len;
+} Run;
 
-/* Values a batch of n records needs: at most RING_COLUMNS each, and the order column */
-#define VALS_MAX(n) ((size_t)(n) * (RING_COLUMNS + 1))
+/* Values a batch of n records needs: at most RING_COLUMNS each */
+#define VALS_MAX(n) ((size_t)(n) * RING_COLUMNS)
 
 /* Most bytes the payload of a batch of n records takes: head (6), groups (5 * 8), the order
  * column, and at most RING_COLUMNS columns per group (each group's values add up to n). */
@@ -1836,18 +1833,6 @@ drop_ref(Fused *f, PyObject *o)
         f->drop[f->ndrop++] = o;
 }
 
-/* A record, as the columns take it (names: what name_records() noted for it). Holds the
- * GIL (the caller's line reads the caller's code, which the record holds); runs no Python
- * code. */
-static inline Row
-row_of(const rh_rec *r, Named names)
-{
-    Row w = {.ts = r->ts, .calltime = r->calltime, .sleep = r->sleep, .type = r->type,
-             .depth = r->type == RH_FUNCTION ? rh_caller_line(r) : r->depth,
-             .flags = r->flags, .overrun = r->overrun, .names = names};
-    return w;
-}
-
 /* The references of the record at ring position pos out of the ring, dropped. Runs no Python
  * code. */
 static inline void
@@ -1915,59 +1900,120 @@ slot_index(Fused *f, int32_t s, uint64_t *out)
     return 0;
 }
 
-/* Where encode_batch()'s hot loop puts a batch's values: each group's columns, filled in
- * record order, and the order column */
+/* A column that holds one value throughout, which the encoder knows without looking: the
+ * tid, and the "" of entries' args and exits' retval (slot 0). encode_batch() stores no
+ * values for it. */
+static int
+is_fixed_source(int src)
+{
+    return src == S_TID || src == S_EMPTY;
+}
+
+/* Where encode_batch()'s hot loop puts a batch's values: each group's columns (but the fixed
+ * ones), filled in record order */
 typedef struct {
     uint64_t *col[RING_TYPES][RING_COLUMNS];
-    uint64_t orv[RING_TYPES][RING_COLUMNS]; /* each column's values OR-ed */
-    Py_ssize_t fill[RING_TYPES];            /* values in each group's columns so far */
-    uint64_t *ord;
-    uint64_t tid;
+    uint64_t orv[RING_TYPES][RING_COLUMNS];  /* each column's values OR-ed */
+    uint64_t andv[RING_TYPES][RING_COLUMNS]; /* and AND-ed: orv == andv when all are equal */
+    Py_ssize_t fill[RING_TYPES];             /* values in each group's columns so far */
     const Slot *slots;
 } Columns;
 
-/* One record's values into its group's columns, the i-th of the batch. Ints: the value,
- * OR-ed into the column's orv (its top bit: a negative value). Strings: the names table's
- * slot, and its string table index OR-ed into orv (its top bit: a string the table lacks, or
- * not looked up). Reads the slots' indices, nothing else. */
+/* One record's values into its group's columns (names: what name_records() noted for it).
+ * Ints: the value. Strings: the string table index of the names table's slot (its top bit
+ * set: a string the table lacks, or not looked up; name_column() redoes such a column).
+ * Each OR-ed into the column's orv (its top bit: a negative value, or such an index) and
+ * AND-ed into its andv. Reads the record and the slots' indices, nothing else. Holds the
+ * GIL when the record is in the ring (a function record's caller's line reads the caller's
+ * code, which the record holds). */
 static inline __attribute__((always_inline)) void
-put_row(Columns *cs, const Row r, Py_ssize_t i)
+put_row(Columns *cs, const rh_rec *r, Named names)
 {
-    const int t = r.type;
+    const int t = r->type;
     const Py_ssize_t j = cs->fill[t]++;
-    uint64_t **cv = cs->col[t], *o = cs->orv[t];
+    uint64_t **cv = cs->col[t], *o = cs->orv[t], *a = cs->andv[t];
     const Slot *slots = cs->slots;
     uint64_t x;
-    cs->ord[i] = (uint64_t)t;
-#define PUT(c, value) (x = (value), cv[c][j] = x, o[c] |= x)
-#define PUT_SLOT(c, sl) (x = (uint64_t)(sl), cv[c][j] = x, o[c] |= slots[x].index)
-    PUT(0, (uint64_t)r.ts);
-    cv[1][j] = cs->tid;
-    switch (t) {
+#define PUT(c, value) (x = (value), cv[c][j] = x, o[c] |= x, a[c] &= x)
+    PUT(0, (uint64_t)r->ts);
+    switch (t) { /* (the columns of LAYOUT[t], but the fixed ones) */
     case RH_FUNCTION:
-        PUT_SLOT(2, r.names.slot);
-        PUT_SLOT(3, r.names.pslot);
-        PUT(4, (uint64_t)(int64_t)r.depth);
+        PUT(2, slots[names.slot].index);
+        PUT(3, slots[names.pslot].index);
+        PUT(4, (uint64_t)(int64_t)rh_caller_line(r));
         break;
     case RH_FUNCGRAPH_EXIT:
-        PUT(2, (uint64_t)(int64_t)r.depth);
-        PUT_SLOT(3, r.names.slot);
-        PUT(4, (uint64_t)r.calltime);
-        PUT(5, (uint64_t)(int64_t)r.overrun);
-        PUT(6, (uint64_t)r.sleep);
-        PUT(7, (uint64_t)(int64_t)r.flags);
-        PUT_SLOT(8, 0);
+        PUT(2, (uint64_t)(int64_t)r->depth);
+        PUT(3, slots[names.slot].index);
+        PUT(4, (uint64_t)r->calltime);
+        PUT(5, (uint64_t)(int64_t)r->overrun);
+        PUT(6, (uint64_t)r->sleep);
+        PUT(7, (uint64_t)(int64_t)r->flags);
         break;
-    case RH_FUNCGRAPH_ENTRY:
-        PUT_SLOT(4, 0);
-        /* fall through */
-    default: /* and suspend, resume */
-        PUT(2, (uint64_t)(int64_t)r.depth);
-        PUT_SLOT(3, r.names.slot);
+    default: /* entry, suspend, resume */
+        PUT(2, (uint64_t)(int64_t)r->depth);
+        PUT(3, slots[names.slot].index);
         break;
     }
-#undef PUT_SLOT
 #undef PUT
+}
+
+/* The ring positions of the batch e's records: one run, or two when it wraps */
+static inline void
+batch_runs(const Fused *f, const Encoded *e, Run run[2])
+{
+    const uint64_t cap = f->cap, pos = (f->pos0 + (uint64_t)e->lo) % cap;
+    const Py_ssize_t n = e->hi - e->lo;
+    const Py_ssize_t first = (uint64_t)n < cap - pos ? n : (Py_ssize_t)(cap - pos);
+    run[0] = (Run){pos, first};
+    run[1] = (Run){0, n - first};
+}
+
+/* The string column c of group t again, its names' indices not all known when the hot loop
+ * read them: each record's slot (src: S_CODE the code's, S_PARENT the parent's) looked up or
+ * its string added (slot_index()), in record order, the order _encode_strings adds them in;
+ * the column's orv and andv again. 0, -1 error. Holds the GIL. */
+static int
+name_column(Fused *f, const Run run[2], Columns *cs, int t, int c)
+{
+    const int src = LAYOUT[t][c];
+    uint64_t *v = cs->col[t][c], o = 0, a = UINT64_MAX;
+    for (int h = 0; h < 2; h++) {
+        for (uint64_t pos = run[h].pos, end = pos + (uint64_t)run[h].len; pos < end; pos++) {
+            if (f->types[pos] != t)
+                continue;
+            const Named nm = f->named[pos];
+            if (slot_index(f, src == S_PARENT ? nm.pslot : nm.slot, v) < 0)
+                return -1;
+            o |= *v;
+            a &= *v++;
+        }
+    }
+    cs->orv[t][c] = o;
+    cs->andv[t][c] = a;
+    return 0;
+}
+
+/* What write_ints() writes for values all equal to x (`seen`: what read_int() saw in them) */
+static unsigned char *
+write_same(unsigned char *p, uint64_t x, int seen)
+{
+    return write_const(p, x, !(seen & SEEN_BIG) && (int64_t)x < 0);
+}
+
+/* The order column of a batch of k > 1 groups (which group each event is in): what
+ * write_ints(fids, n, 0, 0) writes for it. The format ids are the record types, 1 .. 5 and
+ * not all equal: plain, one byte each, the bytes the naming pass noted by ring position. */
+static unsigned char *
+write_order(unsigned char *p, const uint8_t *types, const Run run[2])
+{
+    *p++ = INT_PLAIN;
+    *p++ = 1;
+    for (int h = 0; h < 2; h++) {
+        memcpy(p, types + run[h].pos, (size_t)run[h].len);
+        p += run[h].len;
+    }
+    return p;
 }
 
 /* Encode the batch e of the records taken into its EVTS payload, at the end of the output
@@ -1979,86 +2025,86 @@ put_row(Columns *cs, const Row r, Py_ssize_t i)
 static PASS int
 encode_batch(Fused *f, Encoded *e, int held)
 {
-    const Py_ssize_t lo = e->lo, hi = e->hi, n = hi - lo;
-    Py_ssize_t i, *count = e->count;
+    const Py_ssize_t n = e->hi - e->lo;
+    Py_ssize_t *count = e->count;
     int *order = e->order, k = 0, width[RING_TYPES] = {0};
     const Named *named = f->named;
-    const uint64_t cap = f->cap, pos_lo = (f->pos0 + (uint64_t)lo) % cap;
-    uint64_t pos;
+    const uint8_t *types = f->types;
+    Run run[2];
+    batch_runs(f, e, run);
 
     /* the groups: how many records of each type, in first-seen order (a quick pass over
-     * the types name_records() noted, a byte a record) */
-    const uint8_t *types = f->types;
+     * the types the naming pass noted, a byte a record) */
     memset(count, 0, sizeof(e->count));
-    pos = pos_lo;
-    for (i = lo; i < hi; i++, pos = pos + 1 == cap ? 0 : pos + 1) {
-        int t = types[pos]; /* 1 .. 5 */
-        if (count[t]++ == 0)
-            order[k++] = t;
+    for (int h = 0; h < 2; h++) {
+        for (uint64_t pos = run[h].pos, end = pos + (uint64_t)run[h].len; pos < end; pos++) {
+            int t = types[pos]; /* 1 .. 5 */
+            if (count[t]++ == 0)
+                order[k++] = t;
+        }
     }
     e->k = k;
-    /* each group's columns, one after another in vals (at most RING_COLUMNS values a
-     * record), then the order column */
-    Columns cs = {.tid = f->tid, .slots = f->names->slots};
+    /* each group's columns but the fixed ones, one after another in vals (at most
+     * RING_COLUMNS values a record) */
+    Columns cs = {.slots = f->names->slots};
+    memset(cs.andv, 0xFF, sizeof(cs.andv));
     uint64_t *next = f->vals;
     for (int g = 0; g < k; g++) {
         int t = order[g];
         width[t] = layout_width(t);
-        for (int c = 0; c < width[t]; c++, next += count[t])
-            cs.col[t][c] = next;
+        for (int c = 0; c < width[t]; c++) {
+            if (!is_fixed_source(LAYOUT[t][c])) {
+                cs.col[t][c] = next;
+                next += count[t];
+            }
+        }
     }
-    uint64_t *ord = cs.ord = next;
 
     /* The hot loop: one pass over the records, each value into its group's column
      * (put_row()); from a detached array it reads the records and the slots' indices,
      * nothing else, in the ring it takes the references out too */
-    if (f->detached != NULL) { /* (the references stay: count_detached() takes them) */
-        const rh_rec *recs = f->detached;
-        for (i = lo, pos = pos_lo; i < hi; i++, pos = pos + 1 == cap ? 0 : pos + 1)
-            put_row(&cs, row_of(&recs[pos], named[pos]), i - lo);
-    }
-    else {
-        rh_rec *ring = f->ring->recs;
-        for (i = lo, pos = pos_lo; i < hi; i++, pos = pos + 1 == cap ? 0 : pos + 1) {
-            rh_rec *rec = &ring[pos];
-            const Row w = row_of(rec, named[pos]);
-            PyObject *code = rec->code, *parent = rec->parent;
-            rec->code = rec->parent = NULL;
-            drop_ref(f, code);
-            drop_ref(f, parent);
-            put_row(&cs, w, i - lo);
+    for (int h = 0; h < 2; h++) {
+        const uint64_t first = run[h].pos, end = first + (uint64_t)run[h].len;
+        if (f->detached != NULL) { /* (the references stay: count_detached() takes them) */
+            const rh_rec *recs = f->detached;
+            for (uint64_t pos = first; pos < end; pos++)
+                put_row(&cs, &recs[pos], named[pos]);
         }
-        f->moved = hi;
+        else {
+            rh_rec *ring = f->ring->recs;
+            for (uint64_t pos = first; pos < end; pos++) {
+                rh_rec *rec = &ring[pos];
+                put_row(&cs, rec, named[pos]);
+                PyObject *code = rec->code, *parent = rec->parent;
+                rec->code = rec->parent = NULL;
+                drop_ref(f, code);
+                drop_ref(f, parent);
+            }
+        }
     }
+    if (f->detached == NULL)
+        f->moved = e->hi;
     const Slot *slots = cs.slots;
-    uint64_t (*orv)[RING_COLUMNS] = cs.orv;
-    uint64_t *(*col)[RING_COLUMNS] = cs.col;
+    uint64_t (*orv)[RING_COLUMNS] = cs.orv, (*andv)[RING_COLUMNS] = cs.andv;
 
-    /* slots into string indices; the strings the table lacks added as the writer adds
-     * them: group by group, column by column, in first-seen order */
-    if (!held) {
-        for (int g = 0; g < k; g++)
-            for (int c = 0; c < width[order[g]]; c++)
-                if (is_str_source(LAYOUT[order[g]][c]) && (orv[order[g]][c] >> 63))
-                    return 1;
-    }
+    /* the string columns with an index not known (a string the table lacks, or not looked up
+     * since the table changed): with the GIL, their strings added as the writer adds them:
+     * group by group, column by column, in first-seen order; without, left */
     Py_ssize_t strings_before = held ? PyList_GET_SIZE(f->new_strings) : 0;
     for (int g = 0; g < k; g++) {
         int t = order[g];
         for (int c = 0; c < width[t]; c++) {
-            if (!is_str_source(LAYOUT[t][c]))
+            const int src = LAYOUT[t][c];
+            if (!is_str_source(src))
                 continue;
-            uint64_t *v = col[t][c];
-            Py_ssize_t m = count[t], j;
-            if (orv[t][c] >> 63) { /* (held) */
-                for (j = 0; j < m; j++)
-                    if (slot_index(f, (int32_t)v[j], &v[j]) < 0)
-                        return -1;
-            }
-            else {
-                for (j = 0; j < m; j++)
-                    v[j] = slots[v[j]].index;
-            }
+            if (!((src == S_EMPTY ? slots[0].index : orv[t][c]) >> 63))
+                continue;
+            if (!held)
+                return 1;
+            uint64_t unused;
+            if (src == S_EMPTY ? slot_index(f, 0, &unused) < 0
+                               : name_column(f, run, &cs, t, c) < 0)
+                return -1;
         }
     }
     e->added = held ? PyList_GET_SIZE(f->new_strings) - strings_before : 0;
@@ -2081,17 +2127,23 @@ encode_batch(Fused *f, Encoded *e, int held)
         p += 8;
     }
     if (k > 1) /* which format each event is: _write_batch's encode_ints(fids, out, False) */
-        p = write_ints(p, ord, n, 0, 0);
+        p = write_order(p, types, run);
     for (int g = 0; g < k && p != NULL; g++) {
         int t = order[g];
         for (int c = 0; c < width[t] && p != NULL; c++) {
-            int src = LAYOUT[t][c];
-            if (is_str_source(src))
-                p = write_ints(p, col[t][c], count[t], 0, 0);
-            else if (src == S_TID)
-                p = write_ints(p, col[t][c], count[t], f->tid_seen, 1);
+            const int src = LAYOUT[t][c];
+            const uint64_t *v = cs.col[t][c];
+            const Py_ssize_t m = count[t];
+            if (src == S_TID)
+                p = write_same(p, f->tid, f->tid_seen);
+            else if (src == S_EMPTY)
+                p = write_same(p, slots[0].index, 0);
+            else if (orv[t][c] == andv[t][c]) /* all equal */
+                p = write_same(p, v[0], 0);
+            else if (is_str_source(src))
+                p = write_ints(p, v, m, 0, 0);
             else
-                p = write_ints(p, col[t][c], count[t], (orv[t][c] >> 63) ? SEEN_NEG : 0, 1);
+                p = write_ints(p, v, m, (orv[t][c] >> 63) ? SEEN_NEG : 0, 1);
         }
     }
     if (p == NULL) { /* not reached: no group is empty, no column mixes sign and size */
@@ -3088,7 +3140,7 @@ reserve(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     if (batch == -1 && PyErr_Occurred())
         return NULL;
     if (records < 0 || batch < 1 || batch > (1 << 24) ||
-        (size_t)records > PY_SSIZE_T_MAX / sizeof(Row)) {
+        (size_t)records > PY_SSIZE_T_MAX / sizeof(rh_rec)) {
         PyErr_SetString(PyExc_ValueError, "reserve(): records >= 0, batch in [1, 2**24]");
         return NULL;
     }
