@@ -249,6 +249,47 @@ narrowest(int64_t lo, int64_t hi)
     return SIGNED | 8;
 }
 
+/* The column scans below, compiled twice where the compiler can: for CPUs with AVX2 (four
+ * values compared at once) and for any x86-64; the loader picks one for the CPU. */
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__has_attribute)
+#if __has_attribute(target_clones)
+#define SCAN __attribute__((target_clones("avx2", "default")))
+#endif
+#endif
+#ifndef SCAN
+#define SCAN
+#endif
+
+/* The least and greatest of the n >= 1 values v[] as int64, without branches (a column such
+ * as depth or a name's index goes up and down at random) */
+static SCAN void
+value_range(const uint64_t *v, Py_ssize_t n, int64_t *lo, int64_t *hi)
+{
+    int64_t l = (int64_t)v[0], h = l;
+    for (Py_ssize_t i = 1; i < n; i++) {
+        int64_t x = (int64_t)v[i];
+        l = x < l ? x : l;
+        h = x > h ? x : h;
+    }
+    *lo = l;
+    *hi = h;
+}
+
+/* The least and greatest of the n - 1 >= 1 differences v[i] - v[i - 1], none of which
+ * overflows int64 (the caller knows) */
+static SCAN void
+delta_range(const uint64_t *v, Py_ssize_t n, int64_t *lo, int64_t *hi)
+{
+    int64_t l = (int64_t)(v[1] - v[0]), h = l;
+    for (Py_ssize_t i = 2; i < n; i++) {
+        int64_t d = (int64_t)(v[i] - v[i - 1]);
+        l = d < l ? d : l;
+        h = d > h ? d : h;
+    }
+    *lo = l;
+    *hi = h;
+}
+
 /* A const column: _INT_CONST, then _bigint(x): a u32 length and
  * x.to_bytes(x.bit_length() // 8 + 1, "little", signed=True). */
 static unsigned char *
@@ -290,14 +331,9 @@ write_ints(unsigned char *p, const uint64_t *v, Py_ssize_t n, int seen, int try_
         *p++ = 8;
         return pack(p, v, n, 8, 0);
     }
-    /* every value fits int64; lo and hi without branches (conditional moves: a column such as
-     * depth or a name's index goes up and down at random) */
-    int64_t first = (int64_t)v[0], lo = first, hi = first;
-    for (i = 1; i < n; i++) {
-        int64_t x = (int64_t)v[i];
-        lo = x < lo ? x : lo;
-        hi = x > hi ? x : hi;
-    }
+    /* every value fits int64 */
+    int64_t first = (int64_t)v[0], lo, hi;
+    value_range(v, n, &lo, &hi);
     if (lo == hi)
         return write_const(p, v[0], first < 0);
     if (try_delta) {
@@ -319,11 +355,7 @@ write_ints(unsigned char *p, const uint64_t *v, Py_ssize_t n, int seen, int try_
             if ((uint64_t)hi - (uint64_t)lo <= (uint64_t)INT64_MAX) {
                 /* every difference lies in [lo - hi, hi - lo]: none overflows (timestamps,
                  * the usual 8-byte column), so no check a value */
-                for (i = 2; i < n; i++) {
-                    int64_t d = (int64_t)(v[i] - v[i - 1]);
-                    dlo = d < dlo ? d : dlo;
-                    dhi = d > dhi ? d : dhi;
-                }
+                delta_range(v, n, &dlo, &dhi);
             }
             else {
                 for (i = 1; i < n; i++) {
