@@ -1792,6 +1792,18 @@ typedef struct {
     int write_errno;       /* the write to fd failed: writev_all()'s answer; 0: it did not */
 } Fused;
 
+/* The records [lo, hi) of the ones taken (n <= the capacity): ring positions, in one run,
+ * or two when they wrap (loops over a run step a pointer, with no test for the wrap) */
+static inline void
+taken_runs(const Fused *f, Py_ssize_t lo, Py_ssize_t hi, Run run[2])
+{
+    const uint64_t cap = f->cap, pos = (f->pos0 + (uint64_t)lo) % cap;
+    const Py_ssize_t n = hi - lo;
+    const Py_ssize_t first = (uint64_t)n < cap - pos ? n : (Py_ssize_t)(cap - pos);
+    run[0] = (Run){pos, first};
+    run[1] = (Run){0, n - first};
+}
+
 /* Name every readable record of the ring (its code, and a function record's parent), in
  * ring order, calling name_of for the codes not named yet, and note their slots by position.
  * Python code then runs: the ring may be written, overwritten, cleared or resized meanwhile;
@@ -1990,17 +2002,6 @@ put_row(Columns *cs, const rh_rec *r, Named names)
 #undef PUT
 }
 
-/* The ring positions of the batch e's records: one run, or two when it wraps */
-static inline void
-batch_runs(const Fused *f, const Encoded *e, Run run[2])
-{
-    const uint64_t cap = f->cap, pos = (f->pos0 + (uint64_t)e->lo) % cap;
-    const Py_ssize_t n = e->hi - e->lo;
-    const Py_ssize_t first = (uint64_t)n < cap - pos ? n : (Py_ssize_t)(cap - pos);
-    run[0] = (Run){pos, first};
-    run[1] = (Run){0, n - first};
-}
-
 /* The string column c of group t again, its names' indices not all known when the hot loop
  * read them: each record's slot (src: S_CODE the code's, S_PARENT the parent's) looked up or
  * its string added (slot_index()), in record order, the order _encode_strings adds them in;
@@ -2063,7 +2064,7 @@ encode_batch(Fused *f, Encoded *e, int held)
     const Named *named = f->named;
     const uint8_t *types = f->types;
     Run run[2];
-    batch_runs(f, e, run);
+    taken_runs(f, e->lo, e->hi, run);
 
     /* the groups: how many records of each type, in first-seen order (a quick pass over
      * the types the naming pass noted, a byte a record) */
@@ -2551,31 +2552,36 @@ static PASS Py_ssize_t
 name_detached(Fused *f, Py_ssize_t lo, Py_ssize_t n)
 {
     Names *nm = f->names;
-    rh_rec *recs = f->detached;
-    const uint64_t cap = f->cap;
-    uint64_t pos = (f->pos0 + (uint64_t)lo) % cap;
-    for (Py_ssize_t i = lo; i < n; i++, pos = pos + 1 == cap ? 0 : pos + 1) {
-        rh_rec *rec = &recs[pos];
-        const int t = rec->type;
-        if (t < RH_FUNCTION || t > RH_FUNCGRAPH_RESUME)
-            return -1;
-        int32_t cs = names_find(nm, rec->code), ps = 0;
-        if (t == RH_FUNCTION) {
-            if (rec->parent != NULL)
-                ps = names_find(nm, rec->parent);
-            if (rec->flags & RH_CALLER_OFFSET) {
-                int32_t line = rec->parent == NULL ? 0 : lines_find(nm, ps, rec->depth);
-                if (line < 0 || (rec->parent != NULL && ps < 1))
-                    return i;
-                rec->depth = line; /* (the record is the call's: detached) */
-                rec->flags &= ~RH_CALLER_OFFSET;
+    uint8_t *types = f->types; /* (locals: a store through a byte pointer may alias f's) */
+    Named *named = f->named;
+    Py_ssize_t i = lo;
+    Run run[2];
+    taken_runs(f, lo, n, run);
+    for (int h = 0; h < 2; h++) {
+        rh_rec *rec = f->detached + run[h].pos;
+        for (uint64_t pos = run[h].pos, end = pos + (uint64_t)run[h].len; pos < end;
+             pos++, rec++, i++) {
+            const int t = rec->type;
+            if (t < RH_FUNCTION || t > RH_FUNCGRAPH_RESUME)
+                return -1;
+            int32_t cs = names_find(nm, rec->code), ps = 0;
+            if (t == RH_FUNCTION) {
+                if (rec->parent != NULL)
+                    ps = names_find(nm, rec->parent);
+                if (rec->flags & RH_CALLER_OFFSET) {
+                    int32_t line = rec->parent == NULL ? 0 : lines_find(nm, ps, rec->depth);
+                    if (line < 0 || (rec->parent != NULL && ps < 1))
+                        return i;
+                    rec->depth = line; /* (the record is the call's: detached) */
+                    rec->flags &= ~RH_CALLER_OFFSET;
+                }
             }
+            if (cs < 0 || ps < 0)
+                return i;
+            types[pos] = (uint8_t)t;
+            named[pos].slot = cs;
+            named[pos].pslot = ps;
         }
-        if (cs < 0 || ps < 0)
-            return i;
-        f->types[pos] = (uint8_t)t;
-        f->named[pos].slot = cs;
-        f->named[pos].pslot = ps;
     }
     return n;
 }
@@ -2634,21 +2640,25 @@ name_detached_held(Fused *f, Py_ssize_t lo, Py_ssize_t n)
 static PASS void
 count_detached(Fused *f, Py_ssize_t n)
 {
-    rh_rec *recs = f->detached;
     uint64_t *refs = f->refs;
     const Named *named = f->named;
-    const uint64_t cap = f->cap;
-    uint64_t pos = f->pos0;
+    PyObject **drop = f->drop + f->ndrop;
+    Run run[2];
+    taken_runs(f, 0, n, run);
     memset(refs, 0, (size_t)f->names->nslots * sizeof(uint64_t));
-    for (Py_ssize_t i = 0; i < n; i++, pos = pos + 1 == cap ? 0 : pos + 1) {
-        rh_rec *rec = &recs[pos];
-        refs[named[pos].slot]++;
-        if (rec->type == RH_FUNCTION)
-            refs[named[pos].pslot]++;
-        else if (rec->parent != NULL)
-            f->drop[f->ndrop++] = rec->parent;
-        rec->code = rec->parent = NULL;
+    for (int h = 0; h < 2; h++) {
+        rh_rec *rec = f->detached + run[h].pos;
+        for (uint64_t pos = run[h].pos, end = pos + (uint64_t)run[h].len; pos < end;
+             pos++, rec++) {
+            refs[named[pos].slot]++;
+            if (rec->type == RH_FUNCTION)
+                refs[named[pos].pslot]++;
+            else if (rec->parent != NULL)
+                *drop++ = rec->parent;
+            rec->code = rec->parent = NULL;
+        }
     }
+    f->ndrop = drop - f->drop;
 }
 
 /* Release the references of the n detached records, their slots emptied (the call failed).
