@@ -2002,6 +2002,17 @@ put_row(Columns *cs, const rh_rec *r, Named names)
 #undef PUT
 }
 
+/* Where the first record of type t is among the records of the runs (t is there) */
+static Py_ssize_t
+first_of(const uint8_t *types, const Run run[2], int t)
+{
+    const uint8_t *at = memchr(types + run[0].pos, t, (size_t)run[0].len);
+    if (at != NULL)
+        return at - (types + run[0].pos);
+    at = memchr(types + run[1].pos, t, (size_t)run[1].len);
+    return run[0].len + (at - (types + run[1].pos));
+}
+
 /* The string column c of group t again, its names' indices not all known when the hot loop
  * read them: each record's slot (src: S_CODE the code's, S_PARENT the parent's) looked up or
  * its string added (slot_index()), in record order, the order _encode_strings adds them in;
@@ -2066,15 +2077,20 @@ encode_batch(Fused *f, Encoded *e, int held)
     Run run[2];
     taken_runs(f, e->lo, e->hi, run);
 
-    /* the groups: how many records of each type, in first-seen order (a quick pass over
-     * the types the naming pass noted, a byte a record) */
+    /* the groups: how many records of each type (a quick pass over the types the naming
+     * pass noted, a byte a record), in first-seen order */
     memset(count, 0, sizeof(e->count));
-    for (int h = 0; h < 2; h++) {
-        for (uint64_t pos = run[h].pos, end = pos + (uint64_t)run[h].len; pos < end; pos++) {
-            int t = types[pos]; /* 1 .. 5 */
-            if (count[t]++ == 0)
-                order[k++] = t;
-        }
+    for (int h = 0; h < 2; h++)
+        for (uint64_t pos = run[h].pos, end = pos + (uint64_t)run[h].len; pos < end; pos++)
+            count[types[pos]]++; /* 1 .. 5 */
+    for (int t = RH_FUNCTION; t <= RH_FUNCGRAPH_RESUME; t++) {
+        if (count[t] == 0)
+            continue;
+        const Py_ssize_t first = first_of(types, run, t);
+        int at = k++; /* (an insertion: k <= 5) */
+        for (; at > 0 && first_of(types, run, order[at - 1]) > first; at--)
+            order[at] = order[at - 1];
+        order[at] = t;
     }
     e->k = k;
     /* each group's columns but the fixed ones, one after another in vals (at most
