@@ -250,8 +250,9 @@ narrowest(int64_t lo, int64_t hi)
 }
 
 /* The column scans below, compiled twice where the compiler can: for CPUs with AVX2 (four
- * values compared at once) and for any x86-64; the loader picks one for the CPU. */
-#if defined(__x86_64__) && defined(__GNUC__) && defined(__has_attribute)
+ * values compared at once) and for any x86-64; the loader picks one for the CPU (an ifunc:
+ * glibc's dynamic loader, not every libc's). */
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__GLIBC__) && defined(__has_attribute)
 #if __has_attribute(target_clones)
 #define SCAN __attribute__((target_clones("avx2", "default")))
 #endif
