@@ -227,6 +227,7 @@ def test_the_policy(gil_mode):
 
 RERUN = [
     "test_same_bytes_and_accounting_as_the_tuple_path",
+    "test_columns_of_one_value_in_wrapping_rings",
     "test_lost_markers_where_the_tuple_path_puts_them",
     "test_the_fused_path_makes_no_event_tuples",
     "test_unknown_record_types_go_the_tuple_path",

@@ -216,6 +216,39 @@ def test_lost_markers_where_the_tuple_path_puts_them():
     assert read_back(data)[0] == Lost(TID, 2)
 
 
+@settings(max_examples=150, deadline=None)
+@given(types=st.lists(st.sampled_from([1, 2, 3, 4, 5]), min_size=1, max_size=60),
+       sleep=st.sampled_from([0, -2, 7, None]), overrun=st.sampled_from([0, 2, None]),
+       flags=st.sampled_from([0, 5, None]), code=st.sampled_from([0, 3, None]),
+       start=st.integers(0, 40), capacity=st.integers(8, 40), batch=st.integers(1, 30),
+       strings=st.sampled_from([(), ("",), ("", "mod.f_alpha"), ("mod.f_delta",)]))
+def test_columns_of_one_value_in_wrapping_rings(types, sleep, overrun, flags, code, start,
+                                                capacity, batch, strings):
+    """The encoder's short cuts against the tuple path: a column holding one value in a batch
+    (written as a constant without a scan: a negative one too, a name's index), or all but
+    one; the tid and "" columns (never stored); the order column (the types as noted);
+    records wrapping around the ring's end mid-batch, a type first met after the wrap; names
+    the string table lacks in several groups at once (each column named again)."""
+    a, b = cring.Ring(capacity, TID), cring.Ring(capacity, TID)
+    a.overwrite = b.overwrite = True
+    wa, wb = new_writer(batch, strings), new_writer(batch, strings)
+    # the rings' write position moved on, so that the records below wrap where it says
+    ts = write_records((a, b), [(2, 1, None, 0, 1, 0, 0, 0, 0)] * start)
+    assert fused(wa, a) == tuple_path(wb, b)
+
+    def pick(value, k, spread):
+        return value if value is not None else k % spread - 1
+
+    records = [(t, pick(code, k, 4) + (code is None), (k * 3) % 4 if k % 3 else None, k % 5,
+                3, k, pick(sleep, k, 3), pick(flags, k, 4) + 1, pick(overrun, k, 2) + 1)
+               for k, t in enumerate(types)]
+    write_records((a, b), records, ts)
+    assert fused(wa, a) == tuple_path(wb, b)
+    assert ring_state(a) == ring_state(b)
+    assert wa._strings == wb._strings
+    assert finish(wa) == finish(wb)
+
+
 @pytest.mark.parametrize("batch", [1, 2, 3, 7])
 def test_batches_split_as_write_events_splits(batch):
     """A Lost before the records takes the first batch's first place (write_events slices
@@ -878,6 +911,19 @@ def test_crc32_is_zlibs(data, value):
     assert _tfenc.crc32(data) == zlib.crc32(data)
     assert _tfenc.crc32(data, value) == zlib.crc32(data, value)
     assert _tfenc.crc32(memoryview(data)[1:]) == zlib.crc32(data[1:])
+
+
+@pytest.mark.parametrize("clmul", [True, False])
+@given(data=st.binary(min_size=60, max_size=600), value=st.integers(0, (1 << 32) - 1),
+       start=st.integers(0, 15))
+def test_crc32_folding_and_tables_are_zlibs(clmul, data, value, start):
+    """Both ways of computing the CRC (PCLMULQDQ folding where the CPU has it, the tables),
+    at every length around the folding's 64-byte blocks and 16-byte steps and any alignment."""
+    saved = _tfenc._crc_clmul(clmul)
+    try:
+        assert _tfenc.crc32(memoryview(data)[start:], value) == zlib.crc32(data[start:], value)
+    finally:
+        _tfenc._crc_clmul(saved)
 
 
 def test_bad_arguments():
