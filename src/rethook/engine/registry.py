@@ -199,20 +199,12 @@ def _column(code: CodeType) -> int:
     return best
 
 
-class _Entry:
-    """A code object waiting for its name, within one registration batch."""
-
-    __slots__ = ("code", "module", "qualname", "kind", "order")
-
-    def __init__(self, code: CodeType, module: str, qualname: str, kind: str, order: int):
-        self.code = code
-        self.module = module
-        self.qualname = qualname
-        self.kind = kind
-        self.order = order
-
-
 if TYPE_CHECKING:
+    #: A code object waiting for its name, within one registration batch: ``(code, module,
+    #: qualname, kind, order)``, ``order`` numbering the batch's entries as they were found.
+    #: (A tuple, not a class: a batch holds one per function of a module, and a slotted
+    #: class's instances cost several times a tuple's to make.)
+    _Entry = tuple[CodeType, str, str, str, int]
     Subscriber = Callable[[list[FunctionInfo]], None]
     #: Which modules a listing needs complete: a test of module names (Registry.functions).
     Scope = Callable[[str], bool]
@@ -581,7 +573,7 @@ class Registry:
         if kind in NON_FUNCTION_KINDS:
             return []  # an exec'd body or class body: runs once, not listed, not kept
         self._order += 1
-        entries[id(code)] = _Entry(code, module, qualname or code.co_qualname, kind, self._order)
+        entries[id(code)] = (code, module, qualname or code.co_qualname, kind, self._order)
         return _listable(self._commit(entries))
 
     def _register_namespace(self, name: str) -> list[FunctionInfo]:
@@ -767,7 +759,7 @@ class Registry:
         # another takes its own function's qualname; then what is nested in them.
         for code, module, qualname in tops:
             self._order += 1
-            entries[id(code)] = _Entry(code, module, qualname, code_kind(code), self._order)
+            entries[id(code)] = (code, module, qualname, code_kind(code), self._order)
         for code, module, qualname in tops:
             self._collect(code, module, qualname, entries, register_top=False)
         return self._commit(entries)
@@ -792,80 +784,97 @@ class Registry:
         ``co_qualname`` for ``code``; nested code gets the same prefix rewritten.
         """
         by_id = self._by_id
+        order = self._order
+        # (code, its qualname if given, the (old, new) qualname prefixes of its parent's
+        # renaming, dot included, if any)
         stack: list[tuple[CodeType, str | None, tuple[str, str] | None]] = [(code, qualname, None)]
+        pop, push = stack.pop, stack.append
         while stack:
-            c, q, rename = stack.pop()
+            c, q, rename = pop()
+            key = id(c)
             cq = c.co_qualname
             if q is None:
                 q = cq
-                if rename is not None and cq.startswith(rename[0] + "."):
+                if rename is not None and cq.startswith(rename[0]):
                     q = rename[1] + cq[len(rename[0]):]
             kind = code_kind(c)
-            if c is code and id(c) in entries:
+            if c is code and key in entries:
                 pass  # already in the batch as a function of its own
             elif kind not in NON_FUNCTION_KINDS or (register_top and c is code):
-                self._order += 1
-                entries[id(c)] = _Entry(c, module, q, kind, self._order)
+                order += 1
+                entries[key] = (c, module, q, kind, order)
             else:
                 self._remember_body(c)
-            child_rename = (cq, q) if q != cq else rename
+            child_rename = (cq + ".", q + ".") if q != cq else rename
             # Pushed in reverse so that nested code is numbered in source order.
             for const in reversed(c.co_consts):
                 if type(const) is CodeType and id(const) not in by_id and id(const) not in entries:
-                    stack.append((const, None, child_rename))
+                    push((const, None, child_rename))
+        self._order = order
 
     def _commit(self, entries: dict[int, _Entry]) -> list[FunctionInfo]:
         """Name a batch of new code objects and publish them. Caller holds the lock."""
-        # Re-check: a finalizer run by the garbage collector in the middle of a scan may have
-        # imported something, registering code of this batch through the (reentrant) lock.
-        batch = [e for e in entries.values() if id(e.code) not in self._by_id]
-        if not batch:
-            return []
+        by_id = self._by_id
+        # Grouped by name without suffix, in the batch's order. Re-check each: a finalizer
+        # run by the garbage collector in the middle of a scan may have imported something,
+        # registering code of this batch through the (reentrant) lock.
         groups: dict[str, list[_Entry]] = {}
-        for e in batch:
-            groups.setdefault(f"{e.module}.{e.qualname}", []).append(e)
+        for e in entries.values():
+            if id(e[0]) not in by_id:
+                groups.setdefault(f"{e[1]}.{e[2]}", []).append(e)
+        if not groups:
+            return []
         taken = self._taken
         new: list[FunctionInfo] = []
-
-        def publish(e: _Entry, suffix: str) -> None:
-            name = f"{e.module}.{e.qualname}{suffix}"
-            taken.add(name)
-            c = e.code
-            info = FunctionInfo(c, name, e.module, e.qualname + suffix, c.co_filename,
-                                c.co_firstlineno, e.kind, suffix)
-            new.append(info)
-
         for base, members in groups.items():
-            leaf = members[0].qualname.rpartition(".")[2]
-            if len(members) == 1 and base not in taken and leaf not in _ANONYMOUS:
-                publish(members[0], "")
-                continue
-            by_line: dict[int, list[_Entry]] = {}
-            for e in members:
-                by_line.setdefault(e.code.co_firstlineno, []).append(e)
-            for line, same in sorted(by_line.items()):
-                at = f"@{line}"
-                if len(same) == 1 and base + at not in taken:
-                    publish(same[0], at)
+            if len(members) == 1 and base not in taken:
+                code, module, qualname, kind, _ = members[0]
+                # (every anonymous leaf ends with ">": most names need no split)
+                if not (qualname.endswith(">") and qualname.rpartition(".")[2] in _ANONYMOUS):
+                    # The common case: a name of its own, no suffix.
+                    taken.add(base)
+                    new.append(FunctionInfo(code, base, module, qualname, code.co_filename,
+                                            code.co_firstlineno, kind, ""))
                     continue
-                # Several on one line (or the line's name is taken): number them in source order.
-                if len(same) > 1:
-                    same.sort(key=lambda e: (_column(e.code), e.order))
-                n = 1
-                for e in same:
-                    while f"{base}{at}#{n}" in taken:
-                        n += 1
-                    publish(e, f"{at}#{n}")
-                    n += 1
+            self._name_apart(base, members, new)
         # Publish: readers use dict.get without the lock, so one insertion per code suffices.
-        by_id = self._by_id
         for info in new:
             by_id[id(info.code)] = info
-            if info.kind not in NON_FUNCTION_KINDS:
-                self._modules.add(info.module)
+        self._modules.update({info.module for info in new if info.kind not in NON_FUNCTION_KINDS})
         self._listed = None
         self._generation += 1
         return new
+
+    def _name_apart(self, base: str, members: list[_Entry], new: list[FunctionInfo]) -> None:
+        """Name the entries that share the name ``base`` (or take one already taken, or are
+        anonymous) with suffixes: ``@LINE``, and ``#N`` for several on one line, in source
+        order. Appends their infos to ``new``. Caller holds the lock (see _commit)."""
+        taken = self._taken
+
+        def publish(e: _Entry, suffix: str) -> None:
+            name = base + suffix
+            taken.add(name)
+            code, module, qualname, kind, _ = e
+            new.append(FunctionInfo(code, name, module, qualname + suffix, code.co_filename,
+                                    code.co_firstlineno, kind, suffix))
+
+        by_line: dict[int, list[_Entry]] = {}
+        for e in members:
+            by_line.setdefault(e[0].co_firstlineno, []).append(e)
+        for line, same in sorted(by_line.items()):
+            at = f"@{line}"
+            if len(same) == 1 and base + at not in taken:
+                publish(same[0], at)
+                continue
+            # Several on one line (or the line's name is taken): number them in source order.
+            if len(same) > 1:
+                same.sort(key=lambda e: (_column(e[0]), e[4]))
+            n = 1
+            for e in same:
+                while f"{base}{at}#{n}" in taken:
+                    n += 1
+                publish(e, f"{at}#{n}")
+                n += 1
 
     def _forget(self, code: CodeType) -> None:
         """Drop a code tree's entries and free their names (prepared code that never ran).
@@ -1070,19 +1079,26 @@ def _namespace_functions(mod: ModuleType, known: dict[int, FunctionInfo],
         items, depth, klass = stack[-1]
         for attr, value in items:
             t = type(value)  # (compared by identity: a metaclass's __eq__ is user code)
-            if t is FunctionType or t is staticmethod or t is classmethod or t is property:
-                for f in _functions_of(value):
-                    if id(f.__code__) not in known:
-                        out.append(f)
-                        if klass is not None:
-                            owners[id(f)] = (klass, attr)
-            # (issubclass of the type: isinstance would read a proxy's __class__)
-            elif issubclass(t, type) and depth < 6 and id(value) not in seen:
-                seen.add(id(value))
-                ns = _class_dict(value)
-                if ns.get("__module__") == modname:
-                    stack.append((iter(list(ns.items())), depth + 1, value))  # type: ignore[arg-type]
-                    break
+            if t is FunctionType:
+                # Most functions were named from the module's code before its body ran, and
+                # wrap nothing (the attribute, not __dict__, as in _functions_of): skipped
+                # without going through _functions_of.
+                if id(value.__code__) in known and getattr(value, "__wrapped__", None) is None:
+                    continue
+            elif not (t is staticmethod or t is classmethod or t is property):
+                # (issubclass of the type: isinstance would read a proxy's __class__)
+                if issubclass(t, type) and depth < 6 and id(value) not in seen:
+                    seen.add(id(value))
+                    ns = _class_dict(value)
+                    if ns.get("__module__") == modname:
+                        stack.append((iter(list(ns.items())), depth + 1, value))  # type: ignore[arg-type]
+                        break
+                continue
+            for f in _functions_of(value):
+                if id(f.__code__) not in known:
+                    out.append(f)
+                    if klass is not None:
+                        owners[id(f)] = (klass, attr)
         else:
             stack.pop()
     return out
