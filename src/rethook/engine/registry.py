@@ -1125,10 +1125,12 @@ def _namespace_functions(mod: ModuleType, known: dict[int, FunctionInfo],
                     continue
             elif not (t is staticmethod or t is classmethod or t is property):
                 # (issubclass of the type: isinstance would read a proxy's __class__)
-                if issubclass(t, type) and depth < 6 and id(value) not in seen:
-                    seen.add(id(value))
+                if issubclass(t, type) and depth < 6:
+                    # The module's own classes, each once (most classes in a namespace are
+                    # imported: told apart first)
                     ns = _class_dict(value)
-                    if ns.get("__module__") == modname:
+                    if ns.get("__module__") == modname and id(value) not in seen:
+                        seen.add(id(value))
                         stack.append((iter(list(ns.items())), depth + 1, value))  # type: ignore[arg-type]
                         break
                 continue
