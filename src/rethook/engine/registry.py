@@ -241,10 +241,10 @@ def _column(code: CodeType) -> int:
 
 if TYPE_CHECKING:
     #: A code object waiting for its name, within one registration batch: ``(code, module,
-    #: qualname, kind, order)``, ``order`` numbering the batch's entries as they were found.
-    #: (A tuple, not a class: a batch holds one per function of a module, and a slotted
-    #: class's instances cost several times a tuple's to make.)
-    _Entry = tuple[CodeType, str, str, str, int]
+    #: qualname, kind, order, id(code))``, ``order`` numbering the batch's entries as they
+    #: were found. (A tuple, not a class: a batch holds one per function of a module, and a
+    #: slotted class's instances cost several times a tuple's to make.)
+    _Entry = tuple[CodeType, str, str, str, int, int]
     Subscriber = Callable[[list[FunctionInfo]], None]
     #: Which modules a listing needs complete: a test of module names (Registry.functions).
     Scope = Callable[[str], bool]
@@ -613,7 +613,8 @@ class Registry:
         if kind in NON_FUNCTION_KINDS:
             return []  # an exec'd body or class body: runs once, not listed, not kept
         self._order += 1
-        entries[id(code)] = (code, module, qualname or code.co_qualname, kind, self._order)
+        key = id(code)
+        entries[key] = (code, module, qualname or code.co_qualname, kind, self._order, key)
         return _listable(self._commit(entries))
 
     def _register_namespace(self, name: str) -> list[FunctionInfo]:
@@ -638,8 +639,8 @@ class Registry:
         sites = self._sites
         sites[key] = (weakref.ref(code, lambda _r, key=key: sites.pop(key, None)), module)
 
-    def _remember_body(self, code: CodeType) -> None:
-        key = id(code)
+    def _remember_body(self, code: CodeType, key: int) -> None:
+        """Note a module or class body whose nested code is registered (``key``: its id)."""
         if key in self._bodies:
             return
         bodies = self._bodies
@@ -799,7 +800,8 @@ class Registry:
         # another takes its own function's qualname; then what is nested in them.
         for code, module, qualname in tops:
             self._order += 1
-            entries[id(code)] = (code, module, qualname, code_kind(code), self._order)
+            key = id(code)
+            entries[key] = (code, module, qualname, code_kind(code), self._order, key)
         for code, module, qualname in tops:
             self._collect(code, module, qualname, entries, register_top=False)
         return self._commit(entries)
@@ -825,13 +827,14 @@ class Registry:
         """
         by_id = self._by_id
         order = self._order
-        # (code, its qualname if given, the (old, new) qualname prefixes of its parent's
-        # renaming, dot included, if any)
-        stack: list[tuple[CodeType, str | None, tuple[str, str] | None]] = [(code, qualname, None)]
+        # (id(code) (id() is not free: it raises an audit event and makes an int), code, its
+        # qualname if given, the (old, new) qualname prefixes of its parent's renaming, dot
+        # included, if any)
+        stack: list[tuple[int, CodeType, str | None, tuple[str, str] | None]] = [
+            (id(code), code, qualname, None)]
         pop, push = stack.pop, stack.append
         while stack:
-            c, q, rename = pop()
-            key = id(c)
+            key, c, q, rename = pop()
             cq = c.co_qualname
             if q is None:
                 q = cq
@@ -842,14 +845,16 @@ class Registry:
                 pass  # already in the batch as a function of its own
             elif kind not in NON_FUNCTION_KINDS or (register_top and c is code):
                 order += 1
-                entries[key] = (c, module, q, kind, order)
+                entries[key] = (c, module, q, kind, order, key)
             else:
-                self._remember_body(c)
+                self._remember_body(c, key)
             child_rename = (cq + ".", q + ".") if q != cq else rename
             # Pushed in reverse so that nested code is numbered in source order.
             for const in reversed(c.co_consts):
-                if type(const) is CodeType and id(const) not in by_id and id(const) not in entries:
-                    push((const, None, child_rename))
+                if type(const) is CodeType:
+                    k = id(const)
+                    if k not in by_id and k not in entries:
+                        push((k, const, None, child_rename))
         self._order = order
 
     def _commit(self, entries: dict[int, _Entry]) -> list[FunctionInfo]:
@@ -859,26 +864,26 @@ class Registry:
         # run by the garbage collector in the middle of a scan may have imported something,
         # registering code of this batch through the (reentrant) lock.
         groups: dict[str, list[_Entry]] = {}
-        for e in entries.values():
-            if id(e[0]) not in by_id:
+        for key, e in entries.items():
+            if key not in by_id:
                 groups.setdefault(f"{e[1]}.{e[2]}", []).append(e)
         if not groups:
             return []
         taken = self._taken
         new: list[FunctionInfo] = []
+        # Each info is published as soon as it is named: readers use dict.get without the
+        # lock, so one insertion per code suffices.
         for base, members in groups.items():
             if len(members) == 1 and base not in taken:
-                code, module, qualname, kind, _ = members[0]
+                code, module, qualname, kind, _, key = members[0]
                 # (every anonymous leaf ends with ">": most names need no split)
                 if not (qualname.endswith(">") and qualname.rpartition(".")[2] in _ANONYMOUS):
                     # The common case: a name of its own, no suffix.
                     taken.add(base)
-                    new.append(_new_info(code, base, module, qualname, kind, ""))
+                    info = by_id[key] = _new_info(code, base, module, qualname, kind, "")
+                    new.append(info)
                     continue
             self._name_apart(base, members, new)
-        # Publish: readers use dict.get without the lock, so one insertion per code suffices.
-        for info in new:
-            by_id[id(info.code)] = info
         self._modules.update({info.module for info in new if info.kind not in NON_FUNCTION_KINDS})
         self._listed = None
         self._generation += 1
@@ -888,13 +893,14 @@ class Registry:
         """Name the entries that share the name ``base`` (or take one already taken, or are
         anonymous) with suffixes: ``@LINE``, and ``#N`` for several on one line, in source
         order. Appends their infos to ``new``. Caller holds the lock (see _commit)."""
-        taken = self._taken
+        taken, by_id = self._taken, self._by_id
 
         def publish(e: _Entry, suffix: str) -> None:
             name = base + suffix
             taken.add(name)
-            code, module, qualname, kind, _ = e
-            new.append(_new_info(code, name, module, qualname + suffix, kind, suffix))
+            code, module, qualname, kind, _, key = e
+            info = by_id[key] = _new_info(code, name, module, qualname + suffix, kind, suffix)
+            new.append(info)
 
         by_line: dict[int, list[_Entry]] = {}
         for e in members:
