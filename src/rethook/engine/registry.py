@@ -630,7 +630,7 @@ class Registry:
     def _register_module(self, mod: ModuleType) -> list[FunctionInfo]:
         """Register the functions a module's namespace holds that are still unknown; returns
         the new listable ones. Caller holds the lock."""
-        owners: dict[int, tuple[type, str]] = {}
+        owners: dict[int, tuple[type, object]] = {}
         return _listable(self._register_functions(
             _namespace_functions(mod, self._by_id, owners), owners))
 
@@ -743,14 +743,15 @@ class Registry:
         return new
 
     def _register_functions(self, funcs: Iterable[FunctionType],
-                            owners: dict[int, tuple[type, str]] | None = None
+                            owners: dict[int, tuple[type, object]] | None = None
                             ) -> list[FunctionInfo]:
         """Register functions (and their nested code); ``owners``: ``id(function) -> (class,
-        attribute)`` for those found in a class, which names generated ones."""
+        value)`` for those found in a class (see _namespace_functions), which names generated
+        ones."""
         return self._register_tops(self._tops(funcs, owners))
 
     def _tops(self, funcs: Iterable[FunctionType],
-              owners: dict[int, tuple[type, str]] | None = None
+              owners: dict[int, tuple[type, object]] | None = None
               ) -> list[tuple[CodeType, str, str]]:
         """``(code, module, qualname)`` of the functions not known yet, not rethook's own
         (in gc's order: :meth:`_register_tops` sorts them)."""
@@ -766,8 +767,9 @@ class Registry:
                 # would take the program's name. Bodies are named where they are loaded (the
                 # import hook, the program's add_code) or by discovery.
                 continue
-            if id(code) not in by_id and id(code) not in seen:
-                seen.add(id(code))
+            key = id(code)
+            if key not in by_id and key not in seen:
+                seen.add(key)
                 fresh.append((f, code))
         tops: list[tuple[CodeType, str, str]] = []
         for f, code in fresh:
@@ -780,8 +782,9 @@ class Registry:
                 # "__create_fn__.<locals>.__init__" or similar; its class, or else the
                 # function, knows better (see "Generated code").
                 owner = owners.get(id(f)) if owners else None
-                if owner is not None:
-                    owner_module, qualname = _method_name(*owner)
+                attr = _attribute_of(*owner) if owner is not None else None
+                if owner is not None and attr is not None:
+                    owner_module, qualname = _method_name(owner[0], attr)
                     module = owner_module or module
                 else:
                     fq = getattr(f, "__qualname__", None)
@@ -1007,7 +1010,7 @@ class Registry:
         if not self._pending_namespaces:
             return []
         found: list[FunctionType] = []
-        owners: dict[int, tuple[type, str]] = {}
+        owners: dict[int, tuple[type, object]] = {}
         keep: list[str] = []
         for name in self._pending_namespaces:
             mod = sys.modules.get(name)
@@ -1106,9 +1109,10 @@ def _owner(code: CodeType, frame: FrameType | None) -> tuple[type, str] | None:
 
 
 def _namespace_functions(mod: ModuleType, known: dict[int, FunctionInfo],
-                         owners: dict[int, tuple[type, str]]) -> list[FunctionType]:
+                         owners: dict[int, tuple[type, object]]) -> list[FunctionType]:
     """Functions reachable from a module's namespace (and its classes) with unknown code;
-    ``owners`` gets ``id(function) -> (class, attribute)`` for those found in a class.
+    ``owners`` gets ``id(function) -> (class, value)`` for those found in a class, the value
+    being what the class's own dict holds (the function or its wrapper: see _attribute_of).
 
     Only looks at plain dicts and known wrapper types, so no user code (descriptors,
     ``__getattr__``) runs.
@@ -1117,8 +1121,8 @@ def _namespace_functions(mod: ModuleType, known: dict[int, FunctionInfo],
     seen: set[int] = set()
     modname = mod.__dict__.get("__name__")
     # Depth first, a class's namespace where the class is met: (its values, depth, class).
-    # Values, not items: the attribute's name is needed only for a function found unknown in
-    # a class (_attribute_of), and most items are neither (a fifth of the walk's cost).
+    # Values, not items: the attribute's name is needed only to name generated code found in
+    # a class (_attribute_of, later), and most items are neither (a fifth of the walk's cost).
     stack: list[tuple[Iterator[object], int, type | None]] = [
         (iter(list(mod.__dict__.values())), 0, None)]
     while stack:
@@ -1146,9 +1150,7 @@ def _namespace_functions(mod: ModuleType, known: dict[int, FunctionInfo],
                 if id(f.__code__) not in known:
                     out.append(f)
                     if klass is not None:
-                        attr = _attribute_of(klass, value)
-                        if attr is not None:
-                            owners[id(f)] = (klass, attr)
+                        owners[id(f)] = (klass, value)
         else:
             stack.pop()
     return out
