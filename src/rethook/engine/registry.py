@@ -1130,10 +1130,14 @@ def _namespace_functions(mod: ModuleType, known: dict[int, FunctionInfo],
         for value in values:
             t = type(value)  # (compared by identity: a metaclass's __eq__ is user code)
             if t is FunctionType:
-                # Most functions were named from the module's code before its body ran, and
-                # wrap nothing (the attribute, not __dict__, as in _functions_of): skipped
-                # without going through _functions_of.
-                if id(value.__code__) in known and getattr(value, "__wrapped__", None) is None:
+                # A function that wraps nothing (the attribute, not __dict__, as in
+                # _functions_of), as most do, is all _functions_of would yield; and most were
+                # named from the module's code before its body ran.
+                if getattr(value, "__wrapped__", None) is None:
+                    if id(value.__code__) not in known:
+                        out.append(value)
+                        if klass is not None:
+                            owners[id(value)] = (klass, value)
                     continue
             elif not (t is staticmethod or t is classmethod or t is property):
                 # (issubclass of the type: isinstance would read a proxy's __class__)
