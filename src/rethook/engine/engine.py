@@ -571,10 +571,14 @@ class Engine:
         the code to :meth:`_arm`. Code whose PY_START discovery disabled before is hooked
         now (its first call would not come back). Caller holds the lock."""
         disabled = self.core.disabled()
-        now = {k: c for k, c in codes.items() if k in disabled} if disabled else {}
+        # (new code has seldom run yet: the set's intersection, in C, is almost always empty,
+        # and the whole batch then waits, added in C too)
+        if not disabled or disabled.isdisjoint(codes):
+            self._unarmed.update(codes)
+            return
+        now = {k: c for k, c in codes.items() if k in disabled}
         self._unarmed.update((k, c) for k, c in codes.items() if k not in now)
-        if now:
-            self._hook_new(now)
+        self._hook_new(now)
 
     def _arm(self, code: CodeType) -> None:
         """The first call of a function :meth:`_defer` left (the core's discovery, in that

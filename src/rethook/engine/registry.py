@@ -104,14 +104,21 @@ _ANONYMOUS = frozenset({"<lambda>", "<genexpr>", "<listcomp>", "<setcomp>", "<di
 UNKNOWN_MODULE = "<unknown>"
 
 
-class FunctionInfo(Frozen, eq=False):
+class _FunctionFields:
+    """The fields of a :class:`FunctionInfo`, in a class of their own: plain, mutable slots,
+    which the registry fills before it makes the object a FunctionInfo (see _new_info)."""
+
+    __slots__ = ("code", "name", "module", "qualname", "filename", "firstlineno", "kind",
+                 "suffix")
+
+
+class FunctionInfo(_FunctionFields, Frozen, eq=False):
     """One hookable code object and its canonical name.
 
     Compared by identity: the registry creates exactly one per code object.
     """
 
-    __slots__ = ("code", "name", "module", "qualname", "filename", "firstlineno", "kind",
-                 "suffix")
+    __slots__ = ()  # (the fields: _FunctionFields's)
 
     code: CodeType
     #: Canonical printable name, unique across the registry: ``module + "." + qualname``.
@@ -131,7 +138,7 @@ class FunctionInfo(Frozen, eq=False):
     def __init__(self, code: CodeType, name: str, module: str, qualname: str, filename: str,
                  firstlineno: int, kind: str, suffix: str = "") -> None:
         # Through the slots' own setters (bound once, below the class): half the time of
-        # object.__setattr__ by name, for the thousands of these a program's imports make.
+        # object.__setattr__ by name. (The registry makes its own with _new_info.)
         _set_code(self, code)
         _set_name(self, name)
         _set_module(self, module)
@@ -153,8 +160,41 @@ class FunctionInfo(Frozen, eq=False):
         return q[: len(q) - len(self.suffix)] if self.suffix else q
 
 
+# Frozen takes a record's fields from its class's own __slots__: FunctionInfo's are its base's.
+FunctionInfo._fields = FunctionInfo.__match_args__ = _FunctionFields.__slots__
 (_set_code, _set_name, _set_module, _set_qualname, _set_filename, _set_firstlineno, _set_kind,
- _set_suffix) = (FunctionInfo.__dict__[name].__set__ for name in FunctionInfo.__slots__)
+ _set_suffix) = (_FunctionFields.__dict__[name].__set__ for name in _FunctionFields.__slots__)
+
+#: A free-threaded build stops every thread to assign an object's ``__class__``.
+_FREE_THREADED = "t" in getattr(sys, "abiflags", "") or not getattr(
+    sys, "_is_gil_enabled", lambda: True)()
+
+
+def _new_info(code: CodeType, name: str, module: str, qualname: str, kind: str,
+              suffix: str) -> FunctionInfo:
+    """A new FunctionInfo of the registry's: ``filename`` and ``firstlineno`` from the code.
+
+    A FunctionInfo is frozen (its ``__setattr__`` raises), so its constructor stores each
+    field through a call; a registry makes one per function of every module imported (~5,000
+    for sqlglot). Instead, a _FunctionFields (the same layout) is filled with plain stores,
+    then made a FunctionInfo by assigning its ``__class__``, which Python allows between
+    classes of one layout: ~3 k instructions instead of ~8 k. It is this thread's alone
+    until returned.
+    """
+    if _FREE_THREADED:
+        return FunctionInfo(code, name, module, qualname, code.co_filename, code.co_firstlineno,
+                            kind, suffix)
+    info = _FunctionFields()
+    info.code = code
+    info.name = name
+    info.module = module
+    info.qualname = qualname
+    info.filename = code.co_filename
+    info.firstlineno = code.co_firstlineno
+    info.kind = kind
+    info.suffix = suffix
+    info.__class__ = FunctionInfo  # type: ignore[assignment]
+    return info  # type: ignore[return-value]
 
 
 def code_kind(code: CodeType) -> str:
@@ -199,20 +239,12 @@ def _column(code: CodeType) -> int:
     return best
 
 
-class _Entry:
-    """A code object waiting for its name, within one registration batch."""
-
-    __slots__ = ("code", "module", "qualname", "kind", "order")
-
-    def __init__(self, code: CodeType, module: str, qualname: str, kind: str, order: int):
-        self.code = code
-        self.module = module
-        self.qualname = qualname
-        self.kind = kind
-        self.order = order
-
-
 if TYPE_CHECKING:
+    #: A code object waiting for its name, within one registration batch: ``(code, module,
+    #: qualname, kind, order, id(code))``, ``order`` numbering the batch's entries as they
+    #: were found. (A tuple, not a class: a batch holds one per function of a module, and a
+    #: slotted class's instances cost several times a tuple's to make.)
+    _Entry = tuple[CodeType, str, str, str, int, int]
     Subscriber = Callable[[list[FunctionInfo]], None]
     #: Which modules a listing needs complete: a test of module names (Registry.functions).
     Scope = Callable[[str], bool]
@@ -581,7 +613,8 @@ class Registry:
         if kind in NON_FUNCTION_KINDS:
             return []  # an exec'd body or class body: runs once, not listed, not kept
         self._order += 1
-        entries[id(code)] = _Entry(code, module, qualname or code.co_qualname, kind, self._order)
+        key = id(code)
+        entries[key] = (code, module, qualname or code.co_qualname, kind, self._order, key)
         return _listable(self._commit(entries))
 
     def _register_namespace(self, name: str) -> list[FunctionInfo]:
@@ -597,7 +630,7 @@ class Registry:
     def _register_module(self, mod: ModuleType) -> list[FunctionInfo]:
         """Register the functions a module's namespace holds that are still unknown; returns
         the new listable ones. Caller holds the lock."""
-        owners: dict[int, tuple[type, str]] = {}
+        owners: dict[int, tuple[type, object]] = {}
         return _listable(self._register_functions(
             _namespace_functions(mod, self._by_id, owners), owners))
 
@@ -606,8 +639,8 @@ class Registry:
         sites = self._sites
         sites[key] = (weakref.ref(code, lambda _r, key=key: sites.pop(key, None)), module)
 
-    def _remember_body(self, code: CodeType) -> None:
-        key = id(code)
+    def _remember_body(self, code: CodeType, key: int) -> None:
+        """Note a module or class body whose nested code is registered (``key``: its id)."""
         if key in self._bodies:
             return
         bodies = self._bodies
@@ -710,14 +743,15 @@ class Registry:
         return new
 
     def _register_functions(self, funcs: Iterable[FunctionType],
-                            owners: dict[int, tuple[type, str]] | None = None
+                            owners: dict[int, tuple[type, object]] | None = None
                             ) -> list[FunctionInfo]:
         """Register functions (and their nested code); ``owners``: ``id(function) -> (class,
-        attribute)`` for those found in a class, which names generated ones."""
+        value)`` for those found in a class (see _namespace_functions), which names generated
+        ones."""
         return self._register_tops(self._tops(funcs, owners))
 
     def _tops(self, funcs: Iterable[FunctionType],
-              owners: dict[int, tuple[type, str]] | None = None
+              owners: dict[int, tuple[type, object]] | None = None
               ) -> list[tuple[CodeType, str, str]]:
         """``(code, module, qualname)`` of the functions not known yet, not rethook's own
         (in gc's order: :meth:`_register_tops` sorts them)."""
@@ -733,8 +767,9 @@ class Registry:
                 # would take the program's name. Bodies are named where they are loaded (the
                 # import hook, the program's add_code) or by discovery.
                 continue
-            if id(code) not in by_id and id(code) not in seen:
-                seen.add(id(code))
+            key = id(code)
+            if key not in by_id and key not in seen:
+                seen.add(key)
                 fresh.append((f, code))
         tops: list[tuple[CodeType, str, str]] = []
         for f, code in fresh:
@@ -747,8 +782,9 @@ class Registry:
                 # "__create_fn__.<locals>.__init__" or similar; its class, or else the
                 # function, knows better (see "Generated code").
                 owner = owners.get(id(f)) if owners else None
-                if owner is not None:
-                    owner_module, qualname = _method_name(*owner)
+                attr = _attribute_of(*owner) if owner is not None else None
+                if owner is not None and attr is not None:
+                    owner_module, qualname = _method_name(owner[0], attr)
                     module = owner_module or module
                 else:
                     fq = getattr(f, "__qualname__", None)
@@ -767,7 +803,8 @@ class Registry:
         # another takes its own function's qualname; then what is nested in them.
         for code, module, qualname in tops:
             self._order += 1
-            entries[id(code)] = _Entry(code, module, qualname, code_kind(code), self._order)
+            key = id(code)
+            entries[key] = (code, module, qualname, code_kind(code), self._order, key)
         for code, module, qualname in tops:
             self._collect(code, module, qualname, entries, register_top=False)
         return self._commit(entries)
@@ -792,80 +829,99 @@ class Registry:
         ``co_qualname`` for ``code``; nested code gets the same prefix rewritten.
         """
         by_id = self._by_id
-        stack: list[tuple[CodeType, str | None, tuple[str, str] | None]] = [(code, qualname, None)]
+        order = self._order
+        # (id(code) (id() is not free: it raises an audit event and makes an int), code, its
+        # qualname if given, the (old, new) qualname prefixes of its parent's renaming, dot
+        # included, if any)
+        stack: list[tuple[int, CodeType, str | None, tuple[str, str] | None]] = [
+            (id(code), code, qualname, None)]
+        pop, push = stack.pop, stack.append
         while stack:
-            c, q, rename = stack.pop()
+            key, c, q, rename = pop()
             cq = c.co_qualname
             if q is None:
                 q = cq
-                if rename is not None and cq.startswith(rename[0] + "."):
+                if rename is not None and cq.startswith(rename[0]):
                     q = rename[1] + cq[len(rename[0]):]
             kind = code_kind(c)
-            if c is code and id(c) in entries:
+            if c is code and key in entries:
                 pass  # already in the batch as a function of its own
             elif kind not in NON_FUNCTION_KINDS or (register_top and c is code):
-                self._order += 1
-                entries[id(c)] = _Entry(c, module, q, kind, self._order)
+                order += 1
+                entries[key] = (c, module, q, kind, order, key)
             else:
-                self._remember_body(c)
-            child_rename = (cq, q) if q != cq else rename
+                self._remember_body(c, key)
+            child_rename = (cq + ".", q + ".") if q != cq else rename
             # Pushed in reverse so that nested code is numbered in source order.
             for const in reversed(c.co_consts):
-                if type(const) is CodeType and id(const) not in by_id and id(const) not in entries:
-                    stack.append((const, None, child_rename))
+                if type(const) is CodeType:
+                    k = id(const)
+                    if k not in by_id and k not in entries:
+                        push((k, const, None, child_rename))
+        self._order = order
 
     def _commit(self, entries: dict[int, _Entry]) -> list[FunctionInfo]:
         """Name a batch of new code objects and publish them. Caller holds the lock."""
-        # Re-check: a finalizer run by the garbage collector in the middle of a scan may have
-        # imported something, registering code of this batch through the (reentrant) lock.
-        batch = [e for e in entries.values() if id(e.code) not in self._by_id]
-        if not batch:
-            return []
+        by_id = self._by_id
+        # Grouped by name without suffix, in the batch's order. Re-check each: a finalizer
+        # run by the garbage collector in the middle of a scan may have imported something,
+        # registering code of this batch through the (reentrant) lock.
         groups: dict[str, list[_Entry]] = {}
-        for e in batch:
-            groups.setdefault(f"{e.module}.{e.qualname}", []).append(e)
+        for key, e in entries.items():
+            if key not in by_id:
+                groups.setdefault(f"{e[1]}.{e[2]}", []).append(e)
+        if not groups:
+            return []
         taken = self._taken
         new: list[FunctionInfo] = []
-
-        def publish(e: _Entry, suffix: str) -> None:
-            name = f"{e.module}.{e.qualname}{suffix}"
-            taken.add(name)
-            c = e.code
-            info = FunctionInfo(c, name, e.module, e.qualname + suffix, c.co_filename,
-                                c.co_firstlineno, e.kind, suffix)
-            new.append(info)
-
+        # Each info is published as soon as it is named: readers use dict.get without the
+        # lock, so one insertion per code suffices.
         for base, members in groups.items():
-            leaf = members[0].qualname.rpartition(".")[2]
-            if len(members) == 1 and base not in taken and leaf not in _ANONYMOUS:
-                publish(members[0], "")
-                continue
-            by_line: dict[int, list[_Entry]] = {}
-            for e in members:
-                by_line.setdefault(e.code.co_firstlineno, []).append(e)
-            for line, same in sorted(by_line.items()):
-                at = f"@{line}"
-                if len(same) == 1 and base + at not in taken:
-                    publish(same[0], at)
+            if len(members) == 1 and base not in taken:
+                code, module, qualname, kind, _, key = members[0]
+                # (every anonymous leaf ends with ">": most names need no split)
+                if not (qualname.endswith(">") and qualname.rpartition(".")[2] in _ANONYMOUS):
+                    # The common case: a name of its own, no suffix.
+                    taken.add(base)
+                    info = by_id[key] = _new_info(code, base, module, qualname, kind, "")
+                    new.append(info)
                     continue
-                # Several on one line (or the line's name is taken): number them in source order.
-                if len(same) > 1:
-                    same.sort(key=lambda e: (_column(e.code), e.order))
-                n = 1
-                for e in same:
-                    while f"{base}{at}#{n}" in taken:
-                        n += 1
-                    publish(e, f"{at}#{n}")
-                    n += 1
-        # Publish: readers use dict.get without the lock, so one insertion per code suffices.
-        by_id = self._by_id
-        for info in new:
-            by_id[id(info.code)] = info
-            if info.kind not in NON_FUNCTION_KINDS:
-                self._modules.add(info.module)
+            self._name_apart(base, members, new)
+        self._modules.update({info.module for info in new if info.kind not in NON_FUNCTION_KINDS})
         self._listed = None
         self._generation += 1
         return new
+
+    def _name_apart(self, base: str, members: list[_Entry], new: list[FunctionInfo]) -> None:
+        """Name the entries that share the name ``base`` (or take one already taken, or are
+        anonymous) with suffixes: ``@LINE``, and ``#N`` for several on one line, in source
+        order. Appends their infos to ``new``. Caller holds the lock (see _commit)."""
+        taken, by_id = self._taken, self._by_id
+
+        def publish(e: _Entry, suffix: str) -> None:
+            name = base + suffix
+            taken.add(name)
+            code, module, qualname, kind, _, key = e
+            info = by_id[key] = _new_info(code, name, module, qualname + suffix, kind, suffix)
+            new.append(info)
+
+        by_line: dict[int, list[_Entry]] = {}
+        for e in members:
+            by_line.setdefault(e[0].co_firstlineno, []).append(e)
+        for line, same in sorted(by_line.items()):
+            at = f"@{line}"
+            if len(same) == 1 and base + at not in taken:
+                publish(same[0], at)
+                continue
+            # Several on one line (or the line's name is taken): number them in source order.
+            if len(same) > 1:
+                same.sort(key=lambda e: (_column(e[0]), e[4]))
+            n = 1
+            for e in same:
+                while f"{base}{at}#{n}" in taken:
+                    n += 1
+                publish(e, f"{at}#{n}")
+                n += 1
 
     def _forget(self, code: CodeType) -> None:
         """Drop a code tree's entries and free their names (prepared code that never ran).
@@ -954,7 +1010,7 @@ class Registry:
         if not self._pending_namespaces:
             return []
         found: list[FunctionType] = []
-        owners: dict[int, tuple[type, str]] = {}
+        owners: dict[int, tuple[type, object]] = {}
         keep: list[str] = []
         for name in self._pending_namespaces:
             mod = sys.modules.get(name)
@@ -1053,9 +1109,10 @@ def _owner(code: CodeType, frame: FrameType | None) -> tuple[type, str] | None:
 
 
 def _namespace_functions(mod: ModuleType, known: dict[int, FunctionInfo],
-                         owners: dict[int, tuple[type, str]]) -> list[FunctionType]:
+                         owners: dict[int, tuple[type, object]]) -> list[FunctionType]:
     """Functions reachable from a module's namespace (and its classes) with unknown code;
-    ``owners`` gets ``id(function) -> (class, attribute)`` for those found in a class.
+    ``owners`` gets ``id(function) -> (class, value)`` for those found in a class, the value
+    being what the class's own dict holds (the function or its wrapper: see _attribute_of).
 
     Only looks at plain dicts and known wrapper types, so no user code (descriptors,
     ``__getattr__``) runs.
@@ -1063,29 +1120,54 @@ def _namespace_functions(mod: ModuleType, known: dict[int, FunctionInfo],
     out: list[FunctionType] = []
     seen: set[int] = set()
     modname = mod.__dict__.get("__name__")
-    # Depth first, a class's namespace where the class is met: (its items, depth, class).
-    stack: list[tuple[Iterator[tuple[str, object]], int, type | None]] = [
-        (iter(list(mod.__dict__.items())), 0, None)]
+    # Depth first, a class's namespace where the class is met: (its values, depth, class).
+    # Values, not items: the attribute's name is needed only to name generated code found in
+    # a class (_attribute_of, later), and most items are neither (a fifth of the walk's cost).
+    stack: list[tuple[Iterator[object], int, type | None]] = [
+        (iter(list(mod.__dict__.values())), 0, None)]
     while stack:
-        items, depth, klass = stack[-1]
-        for attr, value in items:
+        values, depth, klass = stack[-1]
+        for value in values:
             t = type(value)  # (compared by identity: a metaclass's __eq__ is user code)
-            if t is FunctionType or t is staticmethod or t is classmethod or t is property:
-                for f in _functions_of(value):
-                    if id(f.__code__) not in known:
-                        out.append(f)
+            if t is FunctionType:
+                # A function that wraps nothing (the attribute, not __dict__, as in
+                # _functions_of), as most do, is all _functions_of would yield; and most were
+                # named from the module's code before its body ran.
+                if getattr(value, "__wrapped__", None) is None:
+                    if id(value.__code__) not in known:
+                        out.append(value)
                         if klass is not None:
-                            owners[id(f)] = (klass, attr)
-            # (issubclass of the type: isinstance would read a proxy's __class__)
-            elif issubclass(t, type) and depth < 6 and id(value) not in seen:
-                seen.add(id(value))
-                ns = _class_dict(value)
-                if ns.get("__module__") == modname:
-                    stack.append((iter(list(ns.items())), depth + 1, value))  # type: ignore[arg-type]
-                    break
+                            owners[id(value)] = (klass, value)
+                    continue
+            elif not (t is staticmethod or t is classmethod or t is property):
+                # (issubclass of the type: isinstance would read a proxy's __class__)
+                if issubclass(t, type) and depth < 6:
+                    # The module's own classes, each once (most classes in a namespace are
+                    # imported: told apart first)
+                    ns = _class_dict(value)
+                    if ns.get("__module__") == modname and id(value) not in seen:
+                        seen.add(id(value))
+                        stack.append((iter(list(ns.values())), depth + 1, value))  # type: ignore[arg-type]
+                        break
+                continue
+            for f in _functions_of(value):
+                if id(f.__code__) not in known:
+                    out.append(f)
+                    if klass is not None:
+                        owners[id(f)] = (klass, value)
         else:
             stack.pop()
     return out
+
+
+def _attribute_of(klass: type, value: object) -> str | None:
+    """The name under which ``klass``'s own dict holds ``value``: the last, as a walk of its
+    items leaves it (None if it holds it no more)."""
+    name = None
+    for attr, held in list(_class_dict(klass).items()):
+        if held is value:
+            name = attr
+    return name
 
 
 # --- the process-wide import watcher ------------------------------------------------------------
