@@ -571,8 +571,8 @@ class Engine:
         the code to :meth:`_arm`. Code whose PY_START discovery disabled before is hooked
         now (its first call would not come back). Caller holds the lock."""
         disabled = self.core.disabled()
-        # (new code has seldom run yet: the set's intersection, in C, is almost always empty,
-        # and the whole batch then waits, added in C too)
+        # (new code has seldom run yet: the batch almost never meets the set, a test made in
+        # C, and then waits whole, added in C too)
         if not disabled or disabled.isdisjoint(codes):
             self._unarmed.update(codes)
             return
