@@ -170,6 +170,19 @@ typedef struct {
     PyObject *parent;
 } rh_stale;
 
+/* The writer moves past the record at wpos (the next event's number taken). */
+static inline void
+rh_ring_advance(rh_ring *r)
+{
+    r->head++;
+    r->wpos = r->wpos + 1 == r->capacity ? 0 : r->wpos + 1;
+#if defined(__GNUC__)
+    /* the records a few events ahead: their lines are read (what they held) and written */
+    if (r->wpos + RH_PREFETCH_AHEAD < r->capacity)
+        __builtin_prefetch(&r->recs[r->wpos + RH_PREFETCH_AHEAD], 1, 3);
+#endif
+}
+
 /* The record to fill for the next event, or NULL when none is written (tracing off, or a full
  * ring that does not overwrite: then the event is counted as refused). The caller fills every
  * field (code and parent receive new references), then calls rh_ring_done(&stale). */
@@ -195,13 +208,7 @@ rh_ring_reserve(rh_ring *r, rh_stale *stale)
     stale->code = rec->code;
     stale->parent = rec->parent;
     rec->code = rec->parent = NULL;
-    r->head++;
-    r->wpos = r->wpos + 1 == r->capacity ? 0 : r->wpos + 1;
-#if defined(__GNUC__)
-    /* the records a few events ahead: their lines are read (what they held) and written */
-    if (r->wpos + RH_PREFETCH_AHEAD < r->capacity)
-        __builtin_prefetch(&r->recs[r->wpos + RH_PREFETCH_AHEAD], 1, 3);
-#endif
+    rh_ring_advance(r);
     return rec;
 }
 
@@ -218,13 +225,25 @@ rh_ring_reserve_quiet(rh_ring *r)
     rh_rec *rec = &r->recs[r->wpos];
     if (rec->code != NULL || rec->parent != NULL)
         return NULL;
-    r->head++;
-    r->wpos = r->wpos + 1 == r->capacity ? 0 : r->wpos + 1;
-#if defined(__GNUC__)
-    if (r->wpos + RH_PREFETCH_AHEAD < r->capacity)
-        __builtin_prefetch(&r->recs[r->wpos + RH_PREFETCH_AHEAD], 1, 3);
-#endif
+    rh_ring_advance(r);
     return rec;
+}
+
+/* Fill a reserved record of the function_graph types (no parent): every field, a new
+ * reference to code. */
+static inline void
+rh_rec_set_graph(rh_rec *rec, int type, int64_t ts, PyObject *code, int64_t calltime,
+                 int64_t sleep, long depth, long flags, long overrun)
+{
+    rec->ts = ts;
+    rec->code = Py_NewRef(code);
+    rec->parent = NULL;
+    rec->calltime = calltime;
+    rec->sleep = sleep;
+    rec->type = type;
+    rec->depth = (int32_t)depth;
+    rec->flags = (int32_t)flags;
+    rec->overrun = (int32_t)overrun;
 }
 
 /* After the reserved record is filled: release what it held before. */

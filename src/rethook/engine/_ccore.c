@@ -1351,11 +1351,26 @@ direct_exit(PyObject *entry, PyObject *exc, long flags, long long t, PyThreadSta
         handler_error(PyTuple_GET_ITEM(entry, 1), pending);
 }
 
+/* A prepared user's answer after prepare(): r, or -1 with SystemError set when the hook still
+ * says RH_DIRECT_PREPARE (prepare() left the thread without state). */
+static int
+prepared_answer(int r)
+{
+    if (r != RH_DIRECT_PREPARE)
+        return r;
+    PyErr_SetString(PyExc_SystemError, "rethook: a direct user's prepare() left the thread "
+                    "unprepared");
+    return -1;
+}
+
 /* A direct record's suspension or resumption at t: its user's hook, if the record still has
- * its claim (the caller holds the record). A resumption on a thread the user has no state for
- * yet (RH_DIRECT_PREPARE, a prepared user's answer) prepares it and asks again. */
+ * its claim (the caller holds the record). answer: what the hook already answered, or
+ * DREC_ASK to call it. A resumption on a thread the user has no state for yet
+ * (RH_DIRECT_PREPARE, a prepared user's answer) prepares it and asks again. */
+#define DREC_ASK (-100)
 static void
-drec_notify(PyObject *rec, PyThreadState *tstate, int64_t t, int resume, PyObject **pending)
+drec_notify(PyObject *rec, PyThreadState *tstate, int64_t t, int resume, int answer,
+            PyObject **pending)
 {
     PyObject *reg, *data;
     if (!drec_claim(rec, &reg, &data))
@@ -1364,15 +1379,12 @@ drec_notify(PyObject *rec, PyThreadState *tstate, int64_t t, int resume, PyObjec
     PyObject *code = Py_NewRef(PyList_GET_ITEM(rec, REC_CODE));
     Py_INCREF(reg);
     Py_INCREF(data);
-    int r = resume ? d->gen_resume(d->self, tstate, code, data, t)
-                   : d->gen_suspend(d->self, tstate, code, data, t);
-    if (r == RH_DIRECT_PREPARE)
-        r = d->prepare(d->self, tstate) < 0 ? -1 : d->gen_resume(d->self, tstate, code, data, t);
-    if (r == RH_DIRECT_PREPARE) {
-        PyErr_SetString(PyExc_SystemError, "rethook: a direct user's prepare() left the "
-                        "thread unprepared");
-        r = -1;
-    }
+    int r = answer != DREC_ASK ? answer
+            : resume ? d->gen_resume(d->self, tstate, code, data, t)
+                     : d->gen_suspend(d->self, tstate, code, data, t);
+    if (r == RH_DIRECT_PREPARE) /* the thread's first call of this user: Python code */
+        r = prepared_answer(d->prepare(d->self, tstate) < 0
+                            ? -1 : d->gen_resume(d->self, tstate, code, data, t));
     if (r < 0)
         handler_error(reg, pending);
     Py_DECREF(data);
@@ -1783,13 +1795,8 @@ gen_direct_enter(PyThreadState *tstate, PyObject *stack, PyObject *code, PyObjec
     int ok = d->gen_entry(d->self, tstate, code, r->t0, &data);
     if (ok == RH_DIRECT_PREPARE) { /* the thread's first call of a prepared user */
         r->t0 = now_ns();         /* (after: making the thread's ring is no part of the call) */
-        ok = d->prepare(d->self, tstate) < 0 ? -1 : d->gen_entry(d->self, tstate, code, r->t0,
-                                                                  &data);
-        if (ok == RH_DIRECT_PREPARE) {
-            PyErr_SetString(PyExc_SystemError, "rethook: a direct user's prepare() left the "
-                            "thread unprepared");
-            ok = -1;
-        }
+        ok = prepared_answer(d->prepare(d->self, tstate) < 0
+                             ? -1 : d->gen_entry(d->self, tstate, code, r->t0, &data));
     }
     if (ok > 0 && data == NULL) {
         PyErr_SetString(PyExc_SystemError, "a direct user's gen_entry claimed a call "
@@ -2004,7 +2011,7 @@ drec_park(PyObject *rec, PyObject *frame, PyThreadState *tstate, int64_t t, PyOb
     ((DRecord *)rec)->parked_at = t;
     if (park(frame, rec, pending) < 0)
         return;
-    drec_notify(rec, tstate, t, 0, pending);
+    drec_notify(rec, tstate, t, 0, DREC_ASK, pending);
     park_overflow(pending);
 }
 
@@ -2054,25 +2061,7 @@ gen_direct_resumed_slowly(int r, PyObject *rec, PyThreadState *tstate, PyObject 
 {
     Py_INCREF(ts);
     SET_BUSY(ts, 1);
-    PyObject *reg, *data;
-    if (drec_claim(rec, &reg, &data)) {
-        const rh_direct *d = ((DRecord *)rec)->d;
-        PyObject *code = Py_NewRef(PyList_GET_ITEM(rec, REC_CODE));
-        Py_INCREF(reg);
-        Py_INCREF(data);
-        if (r == RH_DIRECT_PREPARE) /* the thread's first call of this user: Python code */
-            r = d->prepare(d->self, tstate) < 0 ? -1 : d->gen_resume(d->self, tstate, code, data, t);
-        if (r == RH_DIRECT_PREPARE) {
-            PyErr_SetString(PyExc_SystemError, "rethook: a direct user's prepare() left the "
-                            "thread unprepared");
-            r = -1;
-        }
-        if (r < 0)
-            handler_error(reg, pending);
-        Py_DECREF(data);
-        Py_DECREF(reg);
-        Py_DECREF(code);
-    }
+    drec_notify(rec, tstate, t, 1, r, pending);
     PyObject *stack = SLOT(ts, ts_stack); /* (Python code ran: read it again) */
     if (stack != NULL && PyList_Check(stack))
         push(stack, rec, pending); /* (after the hook, even one that failed: rule 6) */
@@ -2364,12 +2353,8 @@ on_start_general(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t 
         }
         int r = d->entry(d->self, tstate, code, tn);
         if (r == RH_DIRECT_PREPARE) { /* the thread's first call of a version-3 user */
-            r = d->prepare(d->self, tstate) < 0 ? -1 : d->entry(d->self, tstate, code, now_ns());
-            if (r == RH_DIRECT_PREPARE) {
-                PyErr_SetString(PyExc_SystemError, "rethook: a direct user's prepare() left "
-                                "the thread unprepared");
-                r = -1;
-            }
+            r = prepared_answer(d->prepare(d->self, tstate) < 0
+                                ? -1 : d->entry(d->self, tstate, code, now_ns()));
         }
         if (r <= 0) { /* declined (or failed: counted as its handler's error) */
             if (r < 0)
@@ -2834,7 +2819,7 @@ on_resume_general(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t
         DRecord *r = (DRecord *)rec;
         int64_t tn = now_ns();
         r->sleep += tn - r->parked_at;
-        drec_notify(rec, tstate, tn, 1, &pending);
+        drec_notify(rec, tstate, tn, 1, DREC_ASK, &pending);
         push(stack, rec, &pending); /* (after the hook, even one that failed: rule 6) */
         goto done;
     }

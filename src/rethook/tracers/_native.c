@@ -455,15 +455,7 @@ put(rh_ring *r, int type, int64_t ts, PyObject *code, long depth)
     rh_rec *rec = rh_ring_reserve(r, &stale);
     if (rec == NULL)
         return;
-    rec->ts = ts;
-    rec->code = Py_NewRef(code);
-    rec->parent = NULL;
-    rec->calltime = 0;
-    rec->sleep = 0;
-    rec->type = type;
-    rec->depth = (int32_t)depth;
-    rec->flags = 0;
-    rec->overrun = 0;
+    rh_rec_set_graph(rec, type, ts, code, 0, 0, depth, 0, 0);
     rh_ring_done(&stale);
 }
 
@@ -692,15 +684,7 @@ graph_exit_record(NUser *u, TState *st, PyObject *code, long d, int64_t t0, int6
     rh_rec *rec = rh_ring_reserve(st->ring, &stale);
     if (rec == NULL)
         return 0;
-    rec->ts = t1;
-    rec->code = Py_NewRef(code);
-    rec->parent = NULL;
-    rec->calltime = t1 - duration;
-    rec->sleep = sleep;
-    rec->type = RH_FUNCGRAPH_EXIT;
-    rec->depth = (int32_t)d;
-    rec->flags = (int32_t)flags;
-    rec->overrun = (int32_t)overrun;
+    rh_rec_set_graph(rec, RH_FUNCGRAPH_EXIT, t1, code, t1 - duration, sleep, d, flags, overrun);
     rh_ring_done(&stale);
     return 0;
 }
@@ -753,15 +737,7 @@ direct_entry(void *self, PyThreadState *tstate, PyObject *code, int64_t t)
             long d = st->depth;
             st->dstack[st->ndstack++] = (DCall){t, d, CALL_RECORD};
             st->depth = d + 1;
-            rec->ts = t;
-            rec->code = Py_NewRef(code);
-            rec->parent = NULL;
-            rec->calltime = 0;
-            rec->sleep = 0;
-            rec->type = RH_FUNCGRAPH_ENTRY;
-            rec->depth = (int32_t)d;
-            rec->flags = 0;
-            rec->overrun = 0;
+            rh_rec_set_graph(rec, RH_FUNCGRAPH_ENTRY, t, code, 0, 0, d, 0, 0);
             return 1;
         }
     }
@@ -781,15 +757,8 @@ direct_exit(void *self, PyThreadState *tstate, PyObject *code, int64_t t, PyObje
             st->depth = c.d;
             if (exc != NULL && exc != Py_None)
                 flags |= u->exit_raised;
-            rec->ts = t;
-            rec->code = Py_NewRef(code);
-            rec->parent = NULL;
-            rec->calltime = c.t0; /* (no sleep: a plain function's call does not suspend) */
-            rec->sleep = 0;
-            rec->type = RH_FUNCGRAPH_EXIT;
-            rec->depth = (int32_t)c.d;
-            rec->flags = (int32_t)flags;
-            rec->overrun = 0;
+            /* (calltime: the entry's; no sleep: a plain function's call does not suspend) */
+            rh_rec_set_graph(rec, RH_FUNCGRAPH_EXIT, t, code, c.t0, 0, c.d, flags, 0);
             return 0;
         }
     }
