@@ -1207,15 +1207,21 @@ current_ts_slow(PyThreadState *tstate, int create)
     return ts;
 }
 
+/* The ThreadState the cache holds for tstate (borrowed), or NULL: a cold cache. */
+static inline PyObject *
+ts_cached(PyThreadState *tstate)
+{
+    TSCacheEntry *e = ts_entry(tstate);
+    return e->tstate == tstate && e->id == tstate->id ? e->ts : NULL;
+}
+
 static inline PyObject *
 current_ts_in(PyThreadState *tstate, int create)
 {
     if (tstate == NULL)
         return NULL;
-    TSCacheEntry *e = ts_entry(tstate);
-    if (e->tstate == tstate && e->id == tstate->id)
-        return e->ts;
-    return current_ts_slow(tstate, create);
+    PyObject *ts = ts_cached(tstate);
+    return ts != NULL ? ts : current_ts_slow(tstate, create);
 }
 
 static inline int
@@ -1360,6 +1366,18 @@ prepared_answer(int r)
         return r;
     PyErr_SetString(PyExc_SystemError, "rethook: a direct user's prepare() left the thread "
                     "unprepared");
+    return -1;
+}
+
+/* gen_entry's answer ok, or -1 with SystemError set when it claimed a call (1) without
+ * giving its entry data. */
+static int
+gen_entry_answer(int ok, PyObject *data)
+{
+    if (ok != 1 || data != NULL)
+        return ok;
+    PyErr_SetString(PyExc_SystemError, "a direct user's gen_entry claimed a call without "
+                    "entry data");
     return -1;
 }
 
@@ -1668,16 +1686,26 @@ direct_start_prepared(PyThreadState *tstate, PyObject *ts, const Slot *s, PyObje
     return 1;
 }
 
+/* ts's shadow stack if a direct entry can be stored into it in place (an exact list, below
+ * max_depth, with room), else NULL (an overrun, or a list that must grow: the general path). */
+static inline PyObject *
+direct_room(PyObject *ts)
+{
+    PyObject *stack = SLOT(ts, ts_stack);
+    if (stack == NULL || !PyList_CheckExact(stack))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(stack);
+    return n < max_depth && ((PyListObject *)stack)->allocated > n ? stack : NULL;
+}
+
 static inline int
 direct_start(PyThreadState *tstate, PyObject *ts, const Slot *s, PyObject *code,
              PyObject **pending)
 {
-    PyObject *stack = SLOT(ts, ts_stack);
-    if (stack == NULL || !PyList_CheckExact(stack))
+    PyObject *stack = direct_room(ts);
+    if (stack == NULL)
         return 0;
     Py_ssize_t n = PyList_GET_SIZE(stack);
-    if (n >= max_depth || ((PyListObject *)stack)->allocated <= n)
-        return 0; /* overrun, or the list must grow: the general path */
     if (s->prepared)
         return direct_start_prepared(tstate, ts, s, code, stack, n, pending);
     Py_INCREF(ts);
@@ -1798,11 +1826,7 @@ gen_direct_enter(PyThreadState *tstate, PyObject *stack, PyObject *code, PyObjec
         ok = prepared_answer(d->prepare(d->self, tstate) < 0
                              ? -1 : d->gen_entry(d->self, tstate, code, r->t0, &data));
     }
-    if (ok > 0 && data == NULL) {
-        PyErr_SetString(PyExc_SystemError, "a direct user's gen_entry claimed a call "
-                        "without entry data");
-        ok = -1;
-    }
+    ok = gen_entry_answer(ok, data);
     if (ok > 0) {
         if (rec_add_claim(rec, reg, data) < 0) /* (never: the record has room for it) */
             stash_error(pending);
@@ -1858,11 +1882,7 @@ gen_direct_start_prepared(PyThreadState *tstate, PyObject *ts, const Slot *s, Py
     drec_release(rec);
     if (ok == RH_DIRECT_PREPARE)
         return 0;
-    if (ok == 1) { /* (claimed without data) */
-        PyErr_SetString(PyExc_SystemError, "a direct user's gen_entry claimed a call "
-                        "without entry data");
-        ok = -1;
-    }
+    ok = gen_entry_answer(ok, data); /* (claimed without data: an error) */
     if (ok < 0) {
         Py_INCREF(reg); /* (held: the error's report runs Python code) */
         direct_hook_failed(ts, reg, pending);
@@ -2584,13 +2604,11 @@ quiet(void)
 static inline PyObject *
 idle_ts(PyThreadState *tstate)
 {
-    if (tstate == NULL)
+    PyObject *ts = tstate != NULL ? ts_cached(tstate) : NULL;
+    if (ts == NULL)
         return NULL;
-    TSCacheEntry *e = ts_entry(tstate);
-    if (e->tstate != tstate || e->id != tstate->id)
-        return NULL;
-    PyObject *busy = SLOT(e->ts, ts_busy);
-    return busy == Py_False || busy == NULL ? e->ts : NULL;
+    PyObject *busy = SLOT(ts, ts_busy);
+    return busy == Py_False || busy == NULL ? ts : NULL;
 }
 
 /* PY_START(code, offset): the fast lane, then on_start_general. */
@@ -2602,14 +2620,11 @@ on_start(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyObject *ts = idle_ts(tstate);
         const Slot *s = ts != NULL ? lookup(args[0]) : NULL;
         if (s != NULL && s->prepared && !(s->flags & GENERATOR)) { /* (prepared: direct) */
-            PyObject *stack = SLOT(ts, ts_stack);
-            if (stack != NULL && PyList_CheckExact(stack)) {
-                Py_ssize_t n = PyList_GET_SIZE(stack);
-                PyObject *pending = NULL;
-                if (n < max_depth && ((PyListObject *)stack)->allocated > n &&
-                    direct_start_prepared(tstate, ts, s, args[0], stack, n, &pending))
-                    return finish(pending);
-            }
+            PyObject *stack = direct_room(ts);
+            PyObject *pending = NULL;
+            if (stack != NULL && direct_start_prepared(tstate, ts, s, args[0], stack,
+                                                       PyList_GET_SIZE(stack), &pending))
+                return finish(pending);
         }
     }
     return on_start_general(module, args, nargs);

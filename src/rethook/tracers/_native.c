@@ -407,13 +407,26 @@ tstate_slow(NUser *u, PyThreadState *ts, TCache *e, int make)
     return st;
 }
 
+/* The cache entry for thread ts. */
+static inline TCache *
+tcache_entry(NUser *u, PyThreadState *ts)
+{
+    return &u->cache[hash_ptr(ts) & (TS_CACHE - 1)];
+}
+
+/* The state entry e holds for thread ts, or NULL (another thread's, or empty). */
+static inline TState *
+tcache_hit(const TCache *e, PyThreadState *ts)
+{
+    return e->tstate == ts && e->id == ts->id ? e->st : NULL;
+}
+
 static inline TState *
 tstate_lookup(NUser *u, PyThreadState *ts, int make)
 {
-    TCache *e = &u->cache[hash_ptr(ts) & (TS_CACHE - 1)];
-    if (e->tstate == ts && e->id == ts->id)
-        return e->st;
-    return tstate_slow(u, ts, e, make);
+    TCache *e = tcache_entry(u, ts);
+    TState *st = tcache_hit(e, ts);
+    return st != NULL ? st : tstate_slow(u, ts, e, make);
 }
 
 /* The thread's state, made on its first call (through Python), or NULL with an error. */
@@ -718,8 +731,7 @@ dstack_push(TState *st, DCall c)
 static inline TState *
 tstate_cached(NUser *u, PyThreadState *ts)
 {
-    TCache *e = &u->cache[hash_ptr(ts) & (TS_CACHE - 1)];
-    return e->tstate == ts && e->id == ts->id ? e->st : NULL;
+    return tcache_hit(tcache_entry(u, ts), ts);
 }
 
 static int direct_entry_general(NUser *u, PyThreadState *tstate, PyObject *code, int64_t t);
