@@ -150,6 +150,24 @@ def test_fatal_signal_finishes_the_trace(tmp_path: Path, sig: signal.Signals) ->
     assert report.returncode == 0 and "__main__.main unfinished" in report.stdout
 
 
+@pytest.mark.parametrize("end", ["SIGTERM", "return"])
+def test_threads_still_calling_at_the_end_lose_nothing(tmp_path: Path, end: str) -> None:
+    """Daemon threads make events until tracing stops, millions a second: the drain keeps
+    taking them until then (a ring left without one fills within milliseconds)."""
+    out = tmp_path / "t.dat"
+    proc = _start("-m", "rethook", "record", "--blocking-timeout", "60000", "-l", "*",
+                  "-o", str(out), "spinners.py", *([] if end == "SIGTERM" else ["return"]))
+    _until_ready(proc)
+    if end == "SIGTERM":
+        proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == (-signal.SIGTERM if end == "SIGTERM" else 0), stderr
+    said = re.search(r"rethook: ([\d,]+) events \(([\d,]+) lost\)", stderr)
+    assert said and said[2] == "0", stderr
+    with TraceReader(out) as reader:
+        assert reader.damage is None
+
+
 def test_os_exit_and_sigkill(tmp_path: Path) -> None:
     plain = run("ending.py", "exit")
     out = tmp_path / "t.dat"

@@ -322,9 +322,14 @@ class Engine:
     def check_hook(self) -> str | None:
         """Whether another tool has taken the hook from under rethook (the program freed the
         tool id, or changed its events: see ``core.hook_lost``); once it has, the reason
-        stays, for whoever reports the run. Cheap: a drain thread asks every round."""
-        if self.lost is None and self.running:
-            self.lost = self.core.hook_lost()
+        stays, for whoever reports the run. Cheap: a drain thread asks every round. Not
+        while another thread starts or stops the engine (its hook is half made then)."""
+        if self.lost is None and self.running and self._lock.acquire(blocking=False):
+            try:
+                if self.running:
+                    self.lost = self.core.hook_lost()
+            finally:
+                self._lock.release()
         return self.lost
 
     def _owns_hook(self) -> bool:

@@ -45,7 +45,7 @@ class Observer:
 
     def stop(self, fs: Tracefs) -> None:
         """Called when the program is over, before tracing stops (open calls are still to be
-        delivered as unfinished)."""
+        delivered as unfinished). Other threads may still be making events."""
 
     def finish(self, fs: Tracefs) -> None:
         """Called after the program ended and tracing stopped."""
@@ -131,13 +131,14 @@ class _Drain(Observer):
         with notrace():
             unhush_fork_warning()
 
-    def stop(self, fs: Tracefs) -> None:
-        """The program is over: end the thread (finish() takes what is left)."""
-        with notrace():
-            self._join()
+    # No stop(): the thread drains until tracing has stopped. The program's daemon threads
+    # make events until then (a run ended by SIGTERM: millions a second), and a ring with no
+    # drain behind it fills and loses them.
 
     def _drain_rest(self) -> None:
-        """Consume what is left (tracing is off by now)."""
+        """End the thread and consume what is left (tracing is off by now)."""
+        with notrace():
+            self._join()
         if self.error is not None or self.fs is None:
             return
         with notrace():
