@@ -3261,6 +3261,86 @@ compile_source(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t na
     return Py_CompileStringObject(str, filename, Py_file_input, &cf, -1);
 }
 
+/* ---- The callbacks as sys.monitoring calls them ------------------------------------------
+ *
+ * Each callback is a Hook, an object CPython calls through its own vectorcall slot, straight
+ * into the callback. As a builtin function each event would also pay the builtin's wrapper
+ * (~30 instructions: the thread state read from thread-local storage, a recursion check, a
+ * keyword check): the callbacks need none of it, since their fast lanes run no Python code
+ * and what they call on the general paths checks recursion itself. */
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    const char *name;
+} Hook;
+
+static PyObject *
+hook_repr(Hook *self)
+{
+    return PyUnicode_FromFormat("<rethook C core callback %s>", self->name);
+}
+
+static PyTypeObject Hook_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "rethook.engine._ccore.Hook",
+    .tp_basicsize = sizeof(Hook),
+    .tp_dealloc = (destructor)PyObject_Free,
+    .tp_repr = (reprfunc)hook_repr,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(Hook, vectorcall),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "A sys.monitoring callback of the C core, called (code, offset[, arg]).",
+};
+
+/* The vectorcall function of callback cb: positional arguments only. */
+#define HOOK_VECTORCALL(cb)                                                                   \
+    static PyObject *cb##_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,    \
+                                     PyObject *kwnames)                                       \
+    {                                                                                         \
+        if (kwnames != NULL && PyTuple_GET_SIZE(kwnames) > 0) {                               \
+            PyErr_Format(PyExc_TypeError, "%s takes no keyword arguments",                    \
+                         ((Hook *)self)->name);                                               \
+            return NULL;                                                                      \
+        }                                                                                     \
+        return cb(NULL, args, PyVectorcall_NARGS(nargsf));                                    \
+    }
+HOOK_VECTORCALL(on_start)
+HOOK_VECTORCALL(on_return)
+HOOK_VECTORCALL(on_unwind)
+HOOK_VECTORCALL(on_yield)
+HOOK_VECTORCALL(on_resume)
+
+static const struct {
+    const char *name;
+    vectorcallfunc vectorcall;
+} hooks[] = {
+    {"on_start", on_start_vectorcall},   /* PY_START (code, offset) */
+    {"on_return", on_return_vectorcall}, /* PY_RETURN (code, offset, retval) */
+    {"on_unwind", on_unwind_vectorcall}, /* PY_UNWIND (code, offset, exc) */
+    {"on_yield", on_yield_vectorcall},   /* PY_YIELD (code, offset, value) */
+    {"on_resume", on_resume_vectorcall}, /* PY_RESUME (code, offset), PY_THROW (..., exc) */
+};
+
+/* Add the callbacks to module m: 0, or -1 with an error set. */
+static int
+add_hooks(PyObject *m)
+{
+    if (PyType_Ready(&Hook_Type) < 0)
+        return -1;
+    for (size_t i = 0; i < sizeof(hooks) / sizeof(hooks[0]); i++) {
+        Hook *h = PyObject_New(Hook, &Hook_Type);
+        if (h == NULL)
+            return -1;
+        h->vectorcall = hooks[i].vectorcall;
+        h->name = hooks[i].name;
+        int r = PyModule_AddObjectRef(m, hooks[i].name, (PyObject *)h);
+        Py_DECREF(h);
+        if (r < 0)
+            return -1;
+    }
+    return 0;
+}
+
 /* Native no-op handlers: measure the core's own cost (bench), or stand in for a user's. */
 static PyObject *
 accept_all(PyObject *Py_UNUSED(module), PyObject *const *Py_UNUSED(args),
@@ -3281,16 +3361,6 @@ static PyMethodDef methods[] = {
     {"drain_end", drain_end, METH_NOARGS, drain_end_doc},
     {"drain_wake", drain_wake, METH_NOARGS, drain_wake_doc},
     {"drain_blocking", drain_blocking, METH_O, drain_blocking_doc},
-    {"on_start", (PyCFunction)(void (*)(void))on_start, METH_FASTCALL,
-     "PY_START callback (code, offset)."},
-    {"on_return", (PyCFunction)(void (*)(void))on_return, METH_FASTCALL,
-     "PY_RETURN callback (code, offset, retval)."},
-    {"on_unwind", (PyCFunction)(void (*)(void))on_unwind, METH_FASTCALL,
-     "PY_UNWIND callback (code, offset, exc)."},
-    {"on_yield", (PyCFunction)(void (*)(void))on_yield, METH_FASTCALL,
-     "PY_YIELD callback (code, offset, value)."},
-    {"on_resume", (PyCFunction)(void (*)(void))on_resume, METH_FASTCALL,
-     "PY_RESUME (code, offset) and PY_THROW (code, offset, exc) callback."},
     {"publish", (PyCFunction)(void (*)(void))publish, METH_FASTCALL,
      "publish(table, added=None): swap in a new dispatch table {id(code): dispatch}, or (added"
      " given, table the one published) add those entries to it."},
@@ -3487,7 +3557,7 @@ PyInit__ccore(void)
     PyObject *m = PyModule_Create(&moduledef);
     if (m == NULL)
         return NULL;
-    if (PyModule_AddIntConstant(m, "REC_HEADER", REC_HEADER) < 0 ||
+    if (add_hooks(m) < 0 || PyModule_AddIntConstant(m, "REC_HEADER", REC_HEADER) < 0 ||
         PyModule_AddObjectRef(m, "DirectRecord", (PyObject *)&DRecord_Type) < 0) {
         Py_DECREF(m);
         return NULL;
