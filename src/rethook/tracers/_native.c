@@ -98,13 +98,12 @@ typedef struct {
     size_t used;
 } RowTable;
 
+/* A pointer's hash, masked by its callers: Fibonacci hashing (the product's bits 32 and up
+ * depend on every bit of the address below them). */
 static inline size_t
 hash_ptr(const void *p)
 {
-    uintptr_t x = (uintptr_t)p;
-    x ^= x >> 17;
-    x *= 0x9E3779B97F4A7C15ULL;
-    return (size_t)(x >> 29);
+    return (size_t)(((uint64_t)(uintptr_t)p * 0x9E3779B97F4A7C15ULL) >> 32);
 }
 
 static inline size_t
