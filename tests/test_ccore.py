@@ -55,6 +55,20 @@ def test_c_core_is_built_here():
     assert select.c_core_available(), select.C_CORE_ERROR
 
 
+@needs_c
+def test_the_callbacks_are_called_through_their_own_vectorcall():
+    """The callbacks CPython calls are the C core's Hook objects: positional arguments only,
+    and a call without a hooked code object does nothing."""
+    from rethook.engine import _ccore
+
+    for name in ("on_start", "on_return", "on_unwind", "on_yield", "on_resume"):
+        hook = getattr(_ccore, name)
+        assert type(hook).__name__ == "Hook" and name in repr(hook)
+        assert hook() is None
+        with pytest.raises(TypeError, match=f"{name} takes no keyword arguments"):
+            hook(code=None)
+
+
 # --- choosing the core --------------------------------------------------------------------
 def test_choose_core_prefer_and_environment(monkeypatch):
     monkeypatch.delenv(select.ENV_VAR, raising=False)
