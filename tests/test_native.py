@@ -431,6 +431,34 @@ def test_direct_entry_only_where_the_native_user_is_alone(on_c_core):
         fs.close()
 
 
+def test_the_function_tracer_is_called_directly_where_it_is_alone(on_c_core):
+    """The native function user is an entry user with a direct hook (fgraph_direct.h, "Direct
+    calls of an entry user"): functions it alone hooks carry it, those another user shares
+    (a kretprobe) do not, and a call through either records the same."""
+    from rethook.probes import Kretprobe
+    fs = Tracefs()
+    try:
+        fs.write("set_ftrace_filter", "programs.calls.fib programs.calls.leaf")
+        fs.write("current_tracer", "function")
+        direct = _dispatch_of(fs, calls.fib)[4]
+        assert direct is not None and direct[2] is fs.tracer.ops.direct
+        assert _dispatch_of(fs, calls.fib)[:2] == ((direct[1],), ())  # one entry user
+        kp = Kretprobe("programs.calls.leaf", handler=lambda ri, v: None)
+        kp.register()
+        try:
+            assert _dispatch_of(fs, calls.leaf)[4] is None  # two users: the ordinary call
+            calls.fib(5)
+            calls.leaf(1)
+        finally:
+            kp.unregister()
+        assert _dispatch_of(fs, calls.leaf)[4] is not None
+        lines = [line for line in fs.read("trace").splitlines() if not line.startswith("#")]
+        assert sum("programs.calls.fib <-" in line for line in lines) == 15
+        assert sum("programs.calls.leaf <-" in line for line in lines) == 1
+    finally:
+        fs.close()
+
+
 def test_direct_and_ordinary_entries_mixed_on_one_stack(on_c_core):
     """A kretprobe (Python) shares some functions with the native user: those calls get
     records, the others direct entries, all on one shadow stack. The graph is the one the
@@ -531,6 +559,14 @@ def test_publish_rejects_a_malformed_direct_entry(on_c_core):
         _ccore.publish({id(code): ((), (reg,), 2, (code,), (code, reg, object()))})
     with pytest.raises(TypeError, match="direct entry"):  # two users cannot share one
         _ccore.publish({id(code): ((), (reg, reg), 2, (code,), (code, reg, None))})
+    fdirect = Tracefs()
+    try:
+        fdirect.write("current_tracer", "function")
+        capsule = fdirect.tracer.ops.direct
+    finally:
+        fdirect.close()
+    with pytest.raises(TypeError, match="entry user's direct entry"):  # and a graph user
+        _ccore.publish({id(code): ((reg,), (reg,), 2, (code,), (code, reg, capsule))})
     _ccore.publish({})
 
 

@@ -20,6 +20,7 @@ import pytest
 from tests.test_cli import _env
 
 from rethook.buffer.tracefile import TraceReader
+from rethook.engine.select import choose_core
 
 PROGRAMS = Path(__file__).parent / "runner_programs"
 
@@ -163,7 +164,11 @@ def test_threads_still_calling_at_the_end_lose_nothing(tmp_path: Path, end: str)
     _, stderr = proc.communicate(timeout=300)
     assert proc.returncode == (-signal.SIGTERM if end == "SIGTERM" else 0), stderr
     said = re.search(r"rethook: ([\d,]+) events \(([\d,]+) lost\)", stderr)
-    assert said and said[2] == "0", stderr
+    assert said, stderr
+    if choose_core().capabilities.native_users:  # native rings: the threads wait for the drain
+        assert said[2] == "0", stderr
+    else:  # Python rings have no blocking: what they lose is counted, with advice
+        assert said[2] == "0" or "-b KB" in stderr, stderr
     with TraceReader(out) as reader:
         assert reader.damage is None
 

@@ -505,8 +505,8 @@ static const rh_round_api round_api = {round_take, round_open, mono_ns, round_cu
 
 typedef struct {
     void *key;          /* the code object's address (the engine's id(code)); NULL: empty */
-    PyObject *dispatch; /* strong: the engine's dispatch tuple */
-    PyObject *entry;    /* borrowed from dispatch: tuple of EntryRegistration */
+    PyObject *dispatch; /* strong: the engine's dispatch tuple (its entry users: item 0) */
+    const rh_fdirect *fdirect; /* the one entry user's direct hook, or NULL (fgraph_direct.h) */
     PyObject *graph;    /* borrowed from dispatch: tuple of Registration */
     PyObject *marker;   /* borrowed from dispatch: (code,) or NULL for None */
     PyObject *direct_entry;   /* borrowed: (code, reg, capsule) or NULL (fgraph_direct.h) */
@@ -517,6 +517,13 @@ typedef struct {
 } Slot; /* 64 bytes, a cache line: the slots are aligned to lines (publish()) */
 
 #define SLOT_ALIGN 64 /* a cache line: a lookup misses once, not twice */
+
+/* A slot's entry users (borrowed): the tuple of EntryRegistration its dispatch holds. */
+static inline PyObject *
+slot_entry(const Slot *s)
+{
+    return PyTuple_GET_ITEM(s->dispatch, 0);
+}
 typedef struct {
     size_t mask;
     Py_ssize_t used;
@@ -1287,7 +1294,7 @@ missed(PyObject *code, int graph_only)
     if (s == NULL)
         return 0;
     PyObject *dispatch = Py_NewRef(s->dispatch);
-    PyObject *groups[2] = {graph_only ? NULL : s->entry, s->graph};
+    PyObject *groups[2] = {graph_only ? NULL : slot_entry(s), s->graph};
     int r = 0;
     for (int g = 0; g < 2 && r == 0; g++) {
         PyObject *regs = groups[g];
@@ -1732,6 +1739,25 @@ direct_start(PyThreadState *tstate, PyObject *ts, const Slot *s, PyObject *code,
     Py_DECREF(dispatch);
     SET_BUSY(ts, 0);
     Py_DECREF(ts);
+    return 1;
+}
+
+/* An entry user's direct hook (fgraph_direct.h): 1 when it handled the call, 0 when it did
+ * nothing (RH_DIRECT_PREPARE) and the user's ordinary func is to be called. Runs with nothing
+ * held and the thread not marked busy: the hook runs no Python code, so the slot stays. */
+static inline int
+fdirect_start(PyThreadState *tstate, PyObject *ts, const Slot *s, PyObject *code,
+              PyObject **pending)
+{
+    const rh_fdirect *f = s->fdirect;
+    int r = f->func(f->self, tstate, code);
+    if (r == RH_DIRECT_PREPARE)
+        return 0;
+    if (r < 0) {
+        PyObject *reg = Py_NewRef(PyTuple_GET_ITEM(slot_entry(s), 0));
+        direct_hook_failed(ts, reg, pending);
+        Py_DECREF(reg);
+    }
     return 1;
 }
 
@@ -2313,6 +2339,8 @@ on_start_general(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t 
             ((fs->flags & GENERATOR) ? gen_direct_start(tstate, ts, fs, code, &pending)
                                      : direct_start(tstate, ts, fs, code, &pending)))
             return finish(pending);
+        if (fs->fdirect != NULL && fdirect_start(tstate, ts, fs, code, &pending))
+            return finish(pending);
     }
     Py_INCREF(ts);
     SET_BUSY(ts, 1);
@@ -2329,7 +2357,7 @@ on_start_general(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t 
         goto done;
     }
     dispatch = Py_NewRef(s->dispatch);
-    PyObject *entry = s->entry, *graph = s->graph, *marker = s->marker;
+    PyObject *entry = slot_entry(s), *graph = s->graph, *marker = s->marker;
     long flags = s->flags;
     if ((stack = ts_get_stack(ts)) == NULL) {
         stash_error(&pending);
@@ -2623,6 +2651,11 @@ on_start(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             PyObject *pending = NULL;
             if (stack != NULL && direct_start_prepared(tstate, ts, s, args[0], stack,
                                                        PyList_GET_SIZE(stack), &pending))
+                return finish(pending);
+        }
+        else if (s != NULL && s->fdirect != NULL) {
+            PyObject *pending = NULL;
+            if (fdirect_start(tstate, ts, s, args[0], &pending))
                 return finish(pending);
         }
     }
@@ -2926,7 +2959,22 @@ parse_entry(PyObject *key, PyObject *value, Slot *out)
         return -1;
     PyObject *direct_entry = PyTuple_GET_SIZE(value) == 5 ? PyTuple_GET_ITEM(value, 4) : Py_None;
     const rh_direct *direct = NULL;
-    if (direct_entry != Py_None) {
+    const rh_fdirect *fdirect = NULL;
+    if (direct_entry != Py_None && is_direct(direct_entry) &&
+        PyCapsule_IsValid(PyTuple_GET_ITEM(direct_entry, 2), RH_FDIRECT_CAPSULE)) {
+        /* one entry user, nothing else: its direct hook (fgraph_direct.h) */
+        if (PyTuple_GET_SIZE(PyTuple_GET_ITEM(value, 0)) != 1 ||
+            PyTuple_GET_SIZE(PyTuple_GET_ITEM(value, 1)) ||
+            PyTuple_GET_ITEM(value, 3) != Py_None) {
+            PyErr_SetString(PyExc_TypeError, "publish(): an entry user's direct entry is "
+                            "(code, reg, capsule), for one entry user and no marker");
+            return -1;
+        }
+        fdirect = PyCapsule_GetPointer(PyTuple_GET_ITEM(direct_entry, 2), RH_FDIRECT_CAPSULE);
+        if (fdirect == NULL)
+            return -1;
+    }
+    else if (direct_entry != Py_None) {
         /* one graph user, no entry user; a plain function's with its marker, a generator's
          * (matched by frame) with none */
         int gen = (flags & GENERATOR) != 0;
@@ -2947,7 +2995,7 @@ parse_entry(PyObject *key, PyObject *value, Slot *out)
     }
     out->key = addr;
     out->dispatch = value;
-    out->entry = PyTuple_GET_ITEM(value, 0);
+    out->fdirect = fdirect;
     out->graph = PyTuple_GET_ITEM(value, 1);
     out->marker = PyTuple_GET_ITEM(value, 3) == Py_None ? NULL : PyTuple_GET_ITEM(value, 3);
     out->direct_entry = direct ? direct_entry : NULL;

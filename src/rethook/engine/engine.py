@@ -89,7 +89,8 @@ def _dispatch_of(code: CodeType, parts: tuple) -> tuple:
     if suspending:
         flags |= GENERATOR | WANT_FRAME
     marker = make_marker(code) if graph and not suspending else None
-    direct = make_direct(code, graph[0], capsule) if capsule is not None else None
+    # (the capsule is the one graph user's, or, without graph users, the one entry user's)
+    direct = make_direct(code, (graph or entry)[0], capsule) if capsule is not None else None
     return (entry, graph, flags, marker, direct)
 
 
@@ -170,9 +171,14 @@ class FtraceOps(_Ops):
     A user that needs no frame sets ``wants_frame`` to ``False``: where every user of a
     function says so, ``frame`` is ``None`` (a native user reads the caller from the
     interpreter's own frames, engine/pyframe.h).
+
+    A user written in C may also set ``direct`` to a capsule of a C hook that the C core calls
+    instead of ``func``, without making Python objects, on functions where it is the only user
+    and wants no frame (engine/fgraph_direct.h, "Direct calls of an entry user").
     """
 
     wants_frame = True
+    direct: Any = None
 
     def __init__(self, func: Callable[[CodeType, FrameType], Any] | None = None, *,
                  filter: Iterable[str] | str = (), notrace: Iterable[str] | str = (),
@@ -682,10 +688,14 @@ class Engine:
         # generator's or coroutine's each get a direct record (the core keeps the frame
         # it parks them by: WANT_FRAME stays on), or ordinary records when the user's
         # capsule has no generator hooks (the C core decides that when it publishes).
+        # One entry user written in C, alone, wanting no frame: its direct hook, called at
+        # PY_START with no Python object made (the kernel's ftrace direct call).
         capsule = None
-        if (self.core.capabilities.direct_calls and not entry and len(graph) == 1
-                and not wants_frame and graph[0].ops.direct is not None):
-            capsule = graph[0].ops.direct
+        if self.core.capabilities.direct_calls and not wants_frame:
+            if not entry and len(graph) == 1 and graph[0].ops.direct is not None:
+                capsule = graph[0].ops.direct
+            elif not graph and len(entry) == 1 and entry[0].ops.direct is not None:
+                capsule = entry[0].ops.direct
         return entry, graph, flags, mask, capsule
 
     def _draining(self, code: CodeType, dispatch: tuple | None) -> tuple:

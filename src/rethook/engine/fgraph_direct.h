@@ -155,4 +155,29 @@ rh_direct_has_prepare(const rh_direct *d, size_t size)
     return size >= offsetof(rh_direct, prepare) + sizeof(d->prepare) && d->prepare;
 }
 
+/* ---- Direct calls of an entry user ---------------------------------------------------------
+ *
+ * The kernel's ftrace direct call, for the entry users (engine.FtraceOps, the kernel's
+ * ftrace_ops: one call at entry, nothing at return). An entry user written in C may offer
+ * `ops.direct`, a capsule named RH_FDIRECT_CAPSULE holding an rh_fdirect. Where it is the only
+ * user of a function and no user wants the frame, the engine puts (code, registration,
+ * capsule) in the dispatch's direct slot, and the C core's PY_START fast lane calls
+ *
+ *   func(self, tstate, code)   0: done; -1: an error is set (counted on the registration, as
+ *                              its Python-visible func's exception would be);
+ *                              RH_DIRECT_PREPARE: the hook did nothing (the thread has no
+ *                              state of the user yet, or the call needs Python code): the core
+ *                              calls the user's ordinary func(code, None) instead.
+ *
+ * Nothing is pushed on the shadow stack (a function with entry users only has no return
+ * events). The hook runs no Python code, never releases the GIL and never calls the engine;
+ * whenever the fast lane is not taken (a busy thread, a sweep, a drain round) the user's
+ * ordinary func is called, so the two must record the same. */
+#define RH_FDIRECT_CAPSULE "rethook.engine.ftrace_direct"
+
+typedef struct rh_fdirect {
+    void *self; /* the user's C object; no reference (as rh_direct's self) */
+    int (*func)(void *self, PyThreadState *tstate, PyObject *code);
+} rh_fdirect;
+
 #endif

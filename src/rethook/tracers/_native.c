@@ -237,6 +237,7 @@ typedef struct {
     TState *states;
     unsigned long made;   /* thread states made so far (fresh_time()) */
     rh_direct direct;      /* the hooks ops.direct's capsule points at (fgraph_direct.h) */
+    rh_fdirect fdirect;    /* the same for the function user (an entry user) */
     TCache cache[TS_CACHE];
     PyObject *weakreflist;
 } NUser;
@@ -572,6 +573,46 @@ NUser_func(NUser *u, PyObject *const *args, Py_ssize_t nargs)
     rec->overrun = 0;
     rh_ring_done(&stale);
     Py_RETURN_NONE;
+}
+
+/* function's direct hook (fgraph_direct.h, "Direct calls of an entry user"): NUser_func's
+ * record, on a thread the cache knows, the caller read from the interpreter's frames. A thread
+ * without state yet: RH_DIRECT_PREPARE, and the core calls NUser_func, which makes it. */
+static int
+func_direct(void *self, PyThreadState *tstate, PyObject *code)
+{
+#if RH_HAVE_IFRAME
+    NUser *u = self;
+    TState *st = tcache_hit(tcache_entry(u, tstate), tstate);
+    if (st == NULL)
+        return RH_DIRECT_PREPARE;
+    int64_t t = now_ns();
+    if (!st->ring->on)
+        return 0;
+    PyObject *parent;
+    int where, is_offset;
+    if (rh_caller(tstate, &parent, &where, &is_offset) < 0)
+        return -1;
+    rh_stale stale;
+    rh_rec *rec = rh_ring_reserve(st->ring, &stale);
+    if (rec == NULL) {
+        Py_XDECREF(parent); /* (the caller's frame holds its code: nothing is freed) */
+        return 0;
+    }
+    rec->ts = t;
+    rec->code = Py_NewRef(code);
+    rec->parent = parent; /* the new reference rh_caller gave */
+    rec->calltime = 0;
+    rec->sleep = 0;
+    rec->type = RH_FUNCTION;
+    rec->depth = where < 0 ? 0 : where;
+    rec->flags = is_offset ? RH_CALLER_OFFSET : 0;
+    rec->overrun = 0;
+    rh_ring_done(&stale); /* (as the graph user's direct hooks do) */
+    return 0;
+#else
+    return RH_DIRECT_PREPARE; /* frame objects: NUser_func */
+#endif
 }
 
 /* Whether function_graph records a call on this thread (function_graph.py's entryfunc
@@ -1364,11 +1405,17 @@ NUser_threads(NUser *u, PyObject *Py_UNUSED(ignored))
     return out;
 }
 
-/* direct() -> capsule or None: the direct entry of a function_graph user (fgraph_direct.h).
- * None for the other kinds, and with funcgraph-overrun, whose count is read through Python. */
+/* direct() -> capsule or None: the direct hooks of a function_graph user, or the function
+ * user's direct hook (fgraph_direct.h). None for the other kinds, and with funcgraph-overrun,
+ * whose count is read through Python. */
 static PyObject *
 NUser_direct(NUser *u, PyObject *Py_UNUSED(ignored))
 {
+    if (u->kind == KIND_FUNCTION) { /* an entry user: one hook, no reference (as below) */
+        u->fdirect.self = u;
+        u->fdirect.func = func_direct;
+        return PyCapsule_New(&u->fdirect, RH_FDIRECT_CAPSULE, NULL);
+    }
     if (u->kind != KIND_GRAPH || u->overrun_of != NULL)
         Py_RETURN_NONE;
     u->direct.self = u;

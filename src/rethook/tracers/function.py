@@ -71,6 +71,8 @@ class FunctionTracer(OpsTracer):
     def make_ops(self, ctx: TraceContext) -> FunctionOps:
         ops = FunctionOps(ctx)
         if native_unavailable(ctx, "function") is None:
-            install_handlers(ops, native_user("function", ctx), ("func",))
+            user = native_user("function", ctx)
+            install_handlers(ops, user, ("func",))
             ops.wants_frame = False  # it reads the caller without frame objects
+            ops.direct = user.direct()  # the C core calls it directly where it is alone
         return ops
