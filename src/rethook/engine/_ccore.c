@@ -1343,15 +1343,18 @@ direct_exit_hook(PyObject *entry, PyObject *exc, long flags, long long t,
                                     exc == Py_None ? NULL : exc, flags);
 }
 
-/* A direct hook's error, counted as its handler's (reg, held by the caller). That runs Python
- * code, as rethook's own: the fast paths, which do not mark the thread busy, mark it now. */
+/* A direct hook's error, counted as its handler's (reg: the registration, borrowed). That runs
+ * Python code, as rethook's own: the fast paths, which do not mark the thread busy and hold
+ * nothing, mark the thread now, and ts and reg are held while it runs. */
 static void
 direct_hook_failed(PyObject *ts, PyObject *reg, PyObject **pending)
 {
     Py_INCREF(ts);
+    Py_INCREF(reg);
     SET_BUSY(ts, 1);
     handler_error(reg, pending);
     SET_BUSY(ts, 0);
+    Py_DECREF(reg);
     Py_DECREF(ts);
 }
 
@@ -1684,11 +1687,8 @@ direct_start_prepared(PyThreadState *tstate, PyObject *ts, const Slot *s, PyObje
     }
     ((PyListObject *)stack)->ob_item[n] = Py_NewRef(s->marker); /* declined, or failed */
     Py_DECREF(entry);
-    if (r < 0) {
-        PyObject *reg = Py_NewRef(PyTuple_GET_ITEM(s->graph, 0));
-        direct_hook_failed(ts, reg, pending);
-        Py_DECREF(reg);
-    }
+    if (r < 0)
+        direct_hook_failed(ts, PyTuple_GET_ITEM(s->graph, 0), pending);
     return 1;
 }
 
@@ -1753,11 +1753,8 @@ fdirect_start(PyThreadState *tstate, PyObject *ts, const Slot *s, PyObject *code
     int r = f->func(f->self, tstate, code);
     if (r == RH_DIRECT_PREPARE)
         return 0;
-    if (r < 0) {
-        PyObject *reg = Py_NewRef(PyTuple_GET_ITEM(slot_entry(s), 0));
-        direct_hook_failed(ts, reg, pending);
-        Py_DECREF(reg);
-    }
+    if (r < 0)
+        direct_hook_failed(ts, PyTuple_GET_ITEM(slot_entry(s), 0), pending);
     return 1;
 }
 
@@ -1908,11 +1905,8 @@ gen_direct_start_prepared(PyThreadState *tstate, PyObject *ts, const Slot *s, Py
     if (ok == RH_DIRECT_PREPARE)
         return 0;
     ok = gen_entry_answer(ok, data); /* (claimed without data: an error) */
-    if (ok < 0) {
-        Py_INCREF(reg); /* (held: the error's report runs Python code) */
+    if (ok < 0)
         direct_hook_failed(ts, reg, pending);
-        Py_DECREF(reg);
-    }
     return 1;
 }
 
@@ -2082,11 +2076,8 @@ gen_direct_yield(PyThreadState *tstate, PyObject *ts, PyObject **pending)
     Py_SET_SIZE(stack, PyList_GET_SIZE(stack) - 1); /* its reference is the table's now */
     PyObject *reg, *data;
     if (drec_claim(top, &reg, &data) &&
-        r->d->gen_suspend(r->d->self, tstate, PyList_GET_ITEM(top, REC_CODE), data, t) < 0) {
-        Py_INCREF(reg); /* (held: the error's report runs Python code) */
+        r->d->gen_suspend(r->d->self, tstate, PyList_GET_ITEM(top, REC_CODE), data, t) < 0)
         direct_hook_failed(ts, reg, pending);
-        Py_DECREF(reg);
-    }
     if (old != NULL || parked->used > park_limit) {
         Py_INCREF(ts);
         SET_BUSY(ts, 1);
