@@ -421,6 +421,13 @@ tcache_hit(const TCache *e, PyThreadState *ts)
     return e->tstate == ts && e->id == ts->id ? e->st : NULL;
 }
 
+/* The thread's state if the cache has it (no call), else NULL. */
+static inline TState *
+tstate_cached(NUser *u, PyThreadState *ts)
+{
+    return tcache_hit(tcache_entry(u, ts), ts);
+}
+
 static inline TState *
 tstate_lookup(NUser *u, PyThreadState *ts, int make)
 {
@@ -527,6 +534,30 @@ in_selection(PyObject *dict, PyObject *code)
     return r;
 }
 
+/* The function tracer's record: code called at t by parent (a new reference, or NULL: the
+ * caller's code, which the record takes) from line where, or from instruction offset where
+ * when is_offset (the reader computes the line). Shared by NUser_func and func_direct. */
+static void
+put_function(rh_ring *r, int64_t t, PyObject *code, PyObject *parent, int where, int is_offset)
+{
+    rh_stale stale;
+    rh_rec *rec = rh_ring_reserve(r, &stale);
+    if (rec == NULL) {
+        Py_XDECREF(parent); /* (the caller's frame holds its code: nothing is freed) */
+        return;
+    }
+    rec->ts = t;
+    rec->code = Py_NewRef(code);
+    rec->parent = parent;
+    rec->calltime = 0;
+    rec->sleep = 0;
+    rec->type = RH_FUNCTION;
+    rec->depth = where < 0 ? 0 : where;
+    rec->flags = is_offset ? RH_CALLER_OFFSET : 0;
+    rec->overrun = 0;
+    rh_ring_done(&stale);
+}
+
 /* ---------------------------------------------------------------------------------------- */
 /* The handlers.                                                                             */
 
@@ -556,22 +587,7 @@ NUser_func(NUser *u, PyObject *const *args, Py_ssize_t nargs)
     else if (rh_caller(current_tstate(), &parent, &line, &is_offset) < 0) {
         return NULL; /* (no frame objects: engine/pyframe.h) */
     }
-    rh_stale stale;
-    rh_rec *rec = rh_ring_reserve(st->ring, &stale);
-    if (rec == NULL) {
-        Py_XDECREF(parent);
-        Py_RETURN_NONE;
-    }
-    rec->ts = t;
-    rec->code = Py_NewRef(args[0]);
-    rec->parent = parent; /* the new reference PyFrame_GetCode gave */
-    rec->calltime = 0;
-    rec->sleep = 0;
-    rec->type = RH_FUNCTION;
-    rec->depth = line < 0 ? 0 : line;
-    rec->flags = is_offset ? RH_CALLER_OFFSET : 0; /* the reader computes the line */
-    rec->overrun = 0;
-    rh_ring_done(&stale);
+    put_function(st->ring, t, args[0], parent, line, is_offset);
     Py_RETURN_NONE;
 }
 
@@ -582,8 +598,7 @@ static int
 func_direct(void *self, PyThreadState *tstate, PyObject *code)
 {
 #if RH_HAVE_IFRAME
-    NUser *u = self;
-    TState *st = tcache_hit(tcache_entry(u, tstate), tstate);
+    TState *st = tstate_cached(self, tstate);
     if (st == NULL)
         return RH_DIRECT_PREPARE;
     int64_t t = now_ns();
@@ -593,22 +608,7 @@ func_direct(void *self, PyThreadState *tstate, PyObject *code)
     int where, is_offset;
     if (rh_caller(tstate, &parent, &where, &is_offset) < 0)
         return -1;
-    rh_stale stale;
-    rh_rec *rec = rh_ring_reserve(st->ring, &stale);
-    if (rec == NULL) {
-        Py_XDECREF(parent); /* (the caller's frame holds its code: nothing is freed) */
-        return 0;
-    }
-    rec->ts = t;
-    rec->code = Py_NewRef(code);
-    rec->parent = parent; /* the new reference rh_caller gave */
-    rec->calltime = 0;
-    rec->sleep = 0;
-    rec->type = RH_FUNCTION;
-    rec->depth = where < 0 ? 0 : where;
-    rec->flags = is_offset ? RH_CALLER_OFFSET : 0;
-    rec->overrun = 0;
-    rh_ring_done(&stale); /* (as the graph user's direct hooks do) */
+    put_function(st->ring, t, code, parent, where, is_offset);
     return 0;
 #else
     return RH_DIRECT_PREPARE; /* frame objects: NUser_func */
@@ -766,13 +766,6 @@ dstack_push(TState *st, DCall c)
  * thread the cache knows, with room on the thread's stack and a quiet record in its ring
  * (rh_ring_reserve_quiet): the same DCall and records as below, with no call made, so the
  * hooks stay small. Anything else goes to direct_entry_general / direct_exit_general. */
-
-/* The thread's state if the cache has it (no call), else NULL. */
-static inline TState *
-tstate_cached(NUser *u, PyThreadState *ts)
-{
-    return tcache_hit(tcache_entry(u, ts), ts);
-}
 
 static int direct_entry_general(NUser *u, PyThreadState *tstate, PyObject *code, int64_t t);
 static int direct_exit_general(NUser *u, PyThreadState *tstate, PyObject *code, int64_t t,
