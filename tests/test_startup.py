@@ -34,7 +34,10 @@ NOT_FOR_RECORD = ("rethook.probes.events", "rethook.probes.fetch", "rethook.prob
 STDLIB_LATER = ("platform", "tempfile", "subprocess", "traceback", "dataclasses")
 #: Standard modules a plain ``record`` does not load unless the program does (each ~0.3-1 ms
 #: that most programs, and trace0, never pay: contextlib alone is ~3.6 M instructions).
-STDLIB_UNUSED = ("contextlib", "heapq", "bisect", "importlib.util")
+#: _posixsubprocess is wrapped as the program imports it (follow.install); signal's enums are
+#: left to programs that use them (rethook's handlers use _signal).
+STDLIB_UNUSED = ("contextlib", "heapq", "bisect", "importlib.util", "_posixsubprocess",
+                 "signal")
 #: The probe machinery, which a ``-e`` definition loads.
 PROBES = ("rethook.probes.events", "rethook.probes.fetch", "rethook.probes.evfilter")
 
@@ -70,7 +73,7 @@ def test_help_loads_only_the_command_line():
     ours = sorted(m for m in mods if m.startswith("rethook."))
     assert [m for m in ours if not m.startswith(HELP_ALLOWED)] == []
     assert "rethook.tracers.base" not in mods  # the tracers are named, not imported
-    assert _loaded(_ours(mods), (*STDLIB_LATER, "rich", "signal")) == []  # (runs use signal)
+    assert _loaded(_ours(mods), (*STDLIB_LATER, "rich", "signal")) == []
 
 
 #: The console script, as users run it (``python -m rethook`` also loads what runpy imports).

@@ -17,9 +17,9 @@ not run until that wait ended by itself.
 
 from __future__ import annotations
 
+import _signal  # (signal.py makes enums of every signal it returns: ~1 ms a start-up)
 import _thread
 import os
-import signal
 import sys
 import threading
 import time
@@ -37,16 +37,16 @@ _hushed: list[tuple] = []
 
 #: Signals the kernel raises in the thread that caused them: never blocked (a blocked one
 #: would still kill the process, without Python's fault handler).
-_SYNCHRONOUS = frozenset(getattr(signal, name) for name in
+_SYNCHRONOUS = frozenset(getattr(_signal, name) for name in
                          ("SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL", "SIGTRAP", "SIGSYS", "SIGABRT")
-                         if hasattr(signal, name))
+                         if hasattr(_signal, name))
 
 
 def leave_signals_to_the_program() -> None:
     """Block, in the calling thread (one of rethook's own), every signal sent to the process,
     so that the kernel delivers them to the program's threads as it would untraced."""
-    if hasattr(signal, "pthread_sigmask"):
-        signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals() - _SYNCHRONOUS)
+    if hasattr(_signal, "pthread_sigmask"):
+        _signal.pthread_sigmask(_signal.SIG_BLOCK, _signal.valid_signals() - _SYNCHRONOUS)
 
 
 def _settle() -> None:
@@ -74,14 +74,14 @@ class HiddenThread:
         # made with the signals blocked (a thread starts with its maker's mask): from its
         # first instruction, not from when it first gets the GIL to block them itself
         blocked = None
-        if hasattr(signal, "pthread_sigmask"):
-            blocked = signal.pthread_sigmask(signal.SIG_BLOCK,
-                                             signal.valid_signals() - _SYNCHRONOUS)
+        if hasattr(_signal, "pthread_sigmask"):
+            blocked = _signal.pthread_sigmask(_signal.SIG_BLOCK,
+                                             _signal.valid_signals() - _SYNCHRONOUS)
         try:
             _thread.start_new_thread(self._run, (done,))
         finally:
             if blocked is not None:
-                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+                _signal.pthread_sigmask(_signal.SIG_SETMASK, blocked)
 
     def _run(self, done: Any) -> None:
         self.native_id = threading.get_native_id()

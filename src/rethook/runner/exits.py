@@ -24,9 +24,9 @@ One finishing routine is current per process (:func:`guard`); a fork child insta
 
 from __future__ import annotations
 
+import _signal  # (signal.py makes enums of every signal and handler: ~1 ms a start-up)
 import _thread
 import os
-import signal
 import threading
 import time
 
@@ -38,8 +38,9 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
 #: The signals whose default action ends the process and that a program is commonly ended by.
-FATAL_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP", "SIGQUIT")
-                      if hasattr(signal, name))
+_FATAL_NAMES = {getattr(_signal, name): name for name in ("SIGTERM", "SIGHUP", "SIGQUIT")
+                if hasattr(_signal, name)}
+FATAL_SIGNALS = tuple(_FATAL_NAMES)
 
 #: How long a signal that came during rethook's own work waits to be sent again.
 RESEND_SECONDS = 0.005
@@ -73,8 +74,8 @@ def guard(finish: Callable[[str], None]) -> None:
     if threading.current_thread() is threading.main_thread():
         for sig in FATAL_SIGNALS:
             try:
-                if signal.getsignal(sig) is signal.SIG_DFL:
-                    signal.signal(sig, _on_signal)
+                if _signal.getsignal(sig) is _signal.SIG_DFL:
+                    _signal.signal(sig, _on_signal)
                     _installed.append(sig)
             except (OSError, ValueError):
                 continue
@@ -99,14 +100,14 @@ def release() -> None:
     while _installed:
         sig = _installed.pop()
         try:
-            if signal.getsignal(sig) is _on_signal:
-                signal.signal(sig, signal.SIG_DFL)
+            if _signal.getsignal(sig) is _on_signal:
+                _signal.signal(sig, _signal.SIG_DFL)
         except (OSError, ValueError):
             continue
     _disarm_wakeup()
     pending, _pending = _pending, None
     if pending is not None:
-        signal.signal(pending, signal.SIG_DFL)
+        _signal.signal(pending, _signal.SIG_DFL)
         os.kill(os.getpid(), pending)  # the process ends by it, as it would have untraced
 
 
@@ -153,8 +154,8 @@ def _on_signal(signum: int, frame: object) -> None:
                 return
     with notrace():
         if _deferred < MAX_DEFERRALS:  # else stuck inside rethook: end without finishing
-            finish_now(signal.Signals(signum).name)
-        signal.signal(signum, signal.SIG_DFL)
+            finish_now(_FATAL_NAMES.get(signum, f"signal {signum}"))
+        _signal.signal(signum, _signal.SIG_DFL)
         os.kill(os.getpid(), signum)  # the default action ends the process here
 
 
@@ -204,12 +205,12 @@ def _arm_wakeup() -> None:
     except OSError:
         return
     try:
-        old = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        old = _signal.set_wakeup_fd(w, warn_on_full_buffer=False)
     except (OSError, ValueError):
         _close(r, w)
         return
     if old != -1:
-        signal.set_wakeup_fd(old)  # the program's: it stays
+        _signal.set_wakeup_fd(old)  # the program's: it stays
         _close(r, w)
         return
     _wakeup = (r, w)
@@ -223,9 +224,9 @@ def _disarm_wakeup() -> None:
     r, w = _wakeup
     _wakeup = None
     try:
-        current = signal.set_wakeup_fd(-1)
+        current = _signal.set_wakeup_fd(-1)
         if current != w:
-            signal.set_wakeup_fd(current)
+            _signal.set_wakeup_fd(current)
     except (OSError, ValueError):
         return
     _close(r, w)
@@ -239,13 +240,13 @@ _blocked_for_fork: list[set[int]] = []
 
 
 def _before_fork() -> None:
-    if _wakeup is not None and hasattr(signal, "pthread_sigmask"):
-        _blocked_for_fork.append(signal.pthread_sigmask(signal.SIG_BLOCK, FATAL_SIGNALS))
+    if _wakeup is not None and hasattr(_signal, "pthread_sigmask"):
+        _blocked_for_fork.append(_signal.pthread_sigmask(_signal.SIG_BLOCK, FATAL_SIGNALS))
 
 
 def _unblock_after_fork() -> None:
     while _blocked_for_fork:
-        signal.pthread_sigmask(signal.SIG_SETMASK, _blocked_for_fork.pop())
+        _signal.pthread_sigmask(_signal.SIG_SETMASK, _blocked_for_fork.pop())
 
 
 def _after_fork_in_child() -> None:
@@ -253,7 +254,7 @@ def _after_fork_in_child() -> None:
     inherited, _wakeup = _wakeup, None
     if inherited is not None:
         try:
-            signal.set_wakeup_fd(-1)
+            _signal.set_wakeup_fd(-1)
         except (OSError, ValueError):
             pass
         _close(*inherited)
@@ -284,11 +285,11 @@ def check_signals() -> None:
         if sig in FATAL_SIGNALS and sig not in _arrived:
             _arrived[sig] = now
     for sig, when in list(_arrived.items()):
-        if _handled_at >= when or signal.getsignal(sig) is not _on_signal:
+        if _handled_at >= when or _signal.getsignal(sig) is not _on_signal:
             del _arrived[sig]
         elif now - when >= STUCK_SECONDS:
             _arrived[sig] = now
             try:
-                signal.pthread_kill(threading.main_thread().ident, sig)
+                _signal.pthread_kill(threading.main_thread().ident, sig)
             except (OSError, ValueError):
                 del _arrived[sig]

@@ -306,8 +306,6 @@ def install(follow: Follow, before_exec: Callable[[list[str]], None]) -> None:
     _before_exec = before_exec
     if _originals:
         return
-    import _posixsubprocess
-
     os.register_at_fork(before=_before_fork)
     _wrap(os, "execv", lambda real: lambda path, args: _execve(real, path, args, None))
     _wrap(os, "execve", lambda real: lambda path, args, env: _execve(real, path, args, env))
@@ -315,12 +313,101 @@ def install(follow: Follow, before_exec: Callable[[list[str]], None]) -> None:
         if hasattr(os, name):
             _wrap(os, name, _spawn_wrapper)
     _wrap(os, "system", _system_wrapper)
-    _wrap(_posixsubprocess, "fork_exec", _fork_exec_wrapper)
-    # subprocess binds fork_exec when it is imported: imported later, it takes the wrapper
-    # (importing it here would add ~10 ms to every start-up)
+    # subprocess and multiprocessing start programs with _posixsubprocess.fork_exec; most
+    # programs never import it, and importing it here cost every start-up ~2 ms (a shared
+    # library, met by the registry's import watcher): wrapped as it is imported instead,
+    # before subprocess binds it (importing subprocess here would cost ~10 ms)
+    _when_imported("_posixsubprocess",
+                   lambda module: _wrap(module, "fork_exec", _fork_exec_wrapper))
     subprocess = sys.modules.get("subprocess")
     if hasattr(subprocess, "_fork_exec"):
         _wrap(subprocess, "_fork_exec", _fork_exec_wrapper)
+
+
+def _when_imported(name: str, then: Callable[[types.ModuleType], None]) -> None:
+    """``then(module)`` once module ``name`` is imported: now if it is (or is built in: then
+    importing it costs nothing), else as its body has run (:class:`_OnImport`)."""
+    module = sys.modules.get(name)
+    if module is None and name in sys.builtin_module_names:
+        import importlib
+
+        module = importlib.import_module(name)
+    if module is not None:
+        then(module)
+    else:
+        sys.meta_path.insert(0, _OnImport(name, then))
+
+
+class _OnImport:
+    """A meta-path finder for one module: it lets the finders after it find the module, and
+    wraps the loader they return so that ``then(module)`` runs once the module's body has run,
+    before the import returns it. It leaves ``sys.meta_path`` once it has found the module.
+    (The loader keeps its type: only this instance's ``exec_module`` is wrapped, as the
+    registry's import watcher does.)"""
+
+    def __init__(self, name: str, then: Callable[[types.ModuleType], None]) -> None:
+        self.name, self.then = name, then
+        self._finding = False
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname != self.name or self._finding:
+            return None
+        self._finding = True
+        try:
+            spec = self._find_later(fullname, path, target)
+        finally:
+            self._finding = False
+        if spec is None:
+            return None
+        try:
+            sys.meta_path.remove(self)
+        except ValueError:
+            pass
+        loader, then = spec.loader, self.then
+        exec_module = getattr(loader, "exec_module", None)
+        if isinstance(loader, type) or exec_module is None:
+            spec.loader = _ThenLoader(loader, then)  # (a loader shared by many modules)
+            return spec
+
+        def exec_then(module: types.ModuleType) -> None:
+            exec_module(module)
+            then(module)
+
+        loader.exec_module = exec_then
+        return spec
+
+    def _find_later(self, fullname: str, path: Any, target: Any) -> Any:
+        meta = sys.meta_path
+        later = meta[meta.index(self) + 1:] if self in meta else []
+        for finder in later:
+            find = getattr(finder, "find_spec", None)
+            spec = find(fullname, path, target) if find is not None else None
+            if spec is not None and spec.loader is not None:
+                return spec
+        return None
+
+    def invalidate_caches(self) -> None:
+        pass
+
+
+class _ThenLoader:
+    """A loader that runs another's, then ``then(module)``: for :class:`_OnImport` when the
+    loader found is shared by many modules and cannot be wrapped itself."""
+
+    def __init__(self, loader: Any, then: Callable[[types.ModuleType], None]) -> None:
+        self.loader, self.then = loader, then
+
+    def create_module(self, spec: Any) -> Any:
+        create = getattr(self.loader, "create_module", None)
+        return create(spec) if create is not None else None
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        exec_module = getattr(self.loader, "exec_module", None)
+        if exec_module is not None:
+            exec_module(module)
+        else:  # a legacy loader
+            self.loader.load_module(module.__name__)
+        self.then(module)
 
 
 def _before_fork() -> None:
