@@ -22,7 +22,7 @@ setup(
         Extension("rethook.engine._ccore", sources=["src/rethook/engine/_ccore.c"],
                   depends=["src/rethook/engine/clock.h", "src/rethook/engine/drainround.h",
                            "src/rethook/engine/fgraph_direct.h", "src/rethook/engine/pyframe.h",
-                           "src/rethook/engine/parktable.h"],
+                           "src/rethook/engine/parktable.h", "src/rethook/engine/fasttstate.h"],
                   optional=True),
         Extension("rethook.buffer._cring", sources=["src/rethook/buffer/_cring.c"],
                   depends=["src/rethook/buffer/cring.h"], optional=True),

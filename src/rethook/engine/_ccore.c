@@ -58,6 +58,7 @@
 #include "clock.h"
 #include "drainround.h"
 
+#include "fasttstate.h"
 #include "fgraph_direct.h"
 #include "pyframe.h"
 #include "parktable.h"
@@ -72,11 +73,7 @@
 #error "rethook's C core uses CPython's non-limited API"
 #endif
 
-#if PY_VERSION_HEX >= 0x030D0000
-#define current_tstate() PyThreadState_GetUnchecked()
-#else
-#define current_tstate() _PyThreadState_UncheckedGet()
-#endif
+#define current_tstate() rh_tstate_real()
 
 /* Record layout and flags: the same numbers as core.py (checked against it at import). */
 enum { REC_KEY, REC_CODE, REC_FRAME, REC_TIME, REC_SLEEP, REC_PARKED_AT, REC_HEADER };
@@ -1161,6 +1158,7 @@ static PyTypeObject TSGuard_Type = {
 static PyObject *
 current_ts_slow(PyThreadState *tstate, int create)
 {
+    rh_tstate_check(tstate); /* (a thread met for the first time: the fast lanes' read agrees) */
     PyObject *ts = PyObject_GetAttr(local_obj, s_ts);
     if (ts == NULL) {
         if (!PyErr_ExceptionMatches(PyExc_AttributeError))
@@ -2620,7 +2618,7 @@ quiet(void)
 /* The calling thread's ThreadState (borrowed) if the cache has it and the thread is not busy;
  * else NULL (the general callbacks find out why). */
 static inline PyObject *
-idle_ts(PyThreadState *tstate)
+idle_ts(PyThreadState *tstate) /* (tstate: rh_tstate_fast()'s, used only if the cache has it) */
 {
     PyObject *ts = tstate != NULL ? ts_cached(tstate) : NULL;
     if (ts == NULL)
@@ -2634,7 +2632,7 @@ static PyObject *
 on_start(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs >= 1 && quiet()) {
-        PyThreadState *tstate = current_tstate();
+        PyThreadState *tstate = rh_tstate_fast();
         PyObject *ts = idle_ts(tstate);
         const Slot *s = ts != NULL ? lookup(args[0]) : NULL;
         if (s != NULL && s->prepared && !(s->flags & GENERATOR)) { /* (prepared: direct) */
@@ -2658,7 +2656,7 @@ static PyObject *
 on_return(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs >= 3 && quiet()) {
-        PyThreadState *tstate = current_tstate();
+        PyThreadState *tstate = rh_tstate_fast();
         PyObject *ts = idle_ts(tstate);
         PyObject *pending = NULL;
         if (ts != NULL && direct_return(tstate, ts, args[0], NULL, &pending))
@@ -2896,7 +2894,7 @@ static PyObject *
 on_yield(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs >= 1 && quiet()) {
-        PyThreadState *tstate = current_tstate();
+        PyThreadState *tstate = rh_tstate_fast();
         PyObject *ts = idle_ts(tstate);
         PyObject *pending = NULL;
         if (ts != NULL && gen_direct_yield(tstate, ts, &pending))
@@ -2913,7 +2911,7 @@ on_resume(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     if (parked->used == 0)
         Py_RETURN_NONE;
     if (quiet()) {
-        PyThreadState *tstate = current_tstate();
+        PyThreadState *tstate = rh_tstate_fast();
         PyObject *ts = idle_ts(tstate);
         PyObject *frame = ts != NULL ? frame_peek(tstate) : NULL;
         PyObject *pending = NULL;
@@ -3190,6 +3188,16 @@ set_sweeping(PyObject *Py_UNUSED(module), PyObject *arg)
 }
 
 static PyObject *
+fast_tstate(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(arg))
+{
+#if RH_FAST_TSTATE
+    return PyBool_FromLong(rh_tstate_offset != 0);
+#else
+    Py_RETURN_FALSE;
+#endif
+}
+
+static PyObject *
 get_sweeping(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(arg))
 {
     return PyBool_FromLong(sweeping);
@@ -3414,6 +3422,8 @@ static PyMethodDef methods[] = {
     {"max_depth", get_max_depth, METH_NOARGS, "The current max depth."},
     {"set_sweeping", set_sweeping, METH_O, "Hold threads at transitions (engine sweep)."},
     {"sweeping", get_sweeping, METH_NOARGS, "Whether a sweep is on."},
+    {"fast_tstate", fast_tstate, METH_NOARGS,
+     "Whether the callbacks' fast lanes read the thread state directly (fasttstate.h)."},
     {"set_overflow", (PyCFunction)(void (*)(void))set_overflow, METH_FASTCALL,
      "set_overflow(hook, limit): hook() runs when more than limit records are parked."},
     {"set_discovery", (PyCFunction)(void (*)(void))set_discovery, METH_FASTCALL,
@@ -3506,6 +3516,7 @@ PyInit__ccore(void)
                         "rethook's C core runs in the main interpreter only");
         return NULL;
     }
+    rh_tstate_init();
     if (PyType_Ready(&TSGuard_Type) < 0)
         return NULL;
     if (wake_init() < 0) {
