@@ -3555,6 +3555,7 @@ PyInit__ccore(void)
     if (PyType_Ready(&ParkTable_Type) < 0 ||
         (parked = PyObject_New(ParkTable, &ParkTable_Type)) == NULL)
         return NULL;
+    parked->front.frame = parked->front.rec = NULL;
     parked->slots = NULL;
     parked->mask = 0;
     parked->used = 0;

@@ -11,6 +11,9 @@
  *     insert: grows (doubles) before it would be half full, so a probe ends quickly
  *     delete: backward shift -- the entries after the hole that may move into it do -- so
  *             no tombstones, and a table that churns never needs a rebuild
+ *     front   the newest entry waits outside the slots; the next insert moves it in. A
+ *             generator suspended and resumed before anything else parks (a `for` loop over
+ *             it, most of them) is parked and taken with no hashing at all.
  *
  * Frames are keys by identity, as in the dict (frame objects hash and compare by identity).
  * It holds one strong reference to each frame and each record, as the dict did: collect_parked
@@ -35,19 +38,25 @@ typedef struct {
 
 typedef struct {
     PyObject_HEAD
-    ParkSlot *slots; /* mask + 1 of them, or NULL before the first insert */
+    ParkSlot front;  /* the newest entry, outside the slots (frame NULL: none) */
+    ParkSlot *slots; /* mask + 1 of them, or NULL before the first insert into them */
     size_t mask;
-    Py_ssize_t used;
+    Py_ssize_t used; /* entries, the front's included */
 } ParkTable;
 
+/* Entries in the slots (the front's is not) */
+static inline Py_ssize_t
+park_slots_used(const ParkTable *t)
+{
+    return t->used - (t->front.frame != NULL);
+}
+
+/* Fibonacci hashing, as the C core's other tables (_ccore.c's hash_ptr): the product's bits
+ * 32 and up depend on every bit of the address below them. */
 static inline size_t
 park_home(const ParkTable *t, const void *frame)
 {
-    uint64_t h = (uint64_t)(uintptr_t)frame;
-    h ^= h >> 33;
-    h *= 0xff51afd7ed558ccdULL;
-    h ^= h >> 33;
-    return (size_t)h & t->mask;
+    return (size_t)(((uint64_t)(uintptr_t)frame * 0x9E3779B97F4A7C15ULL) >> 32) & t->mask;
 }
 
 /* Where frame is, or the empty slot its probe ends at (slots allocated). */
@@ -61,11 +70,13 @@ park_probe(const ParkTable *t, const PyObject *frame)
     }
 }
 
-/* The slot of frame, or NULL. */
+/* The slot of frame (the front, or one of the slots), or NULL. */
 static inline ParkSlot *
-park_find(const ParkTable *t, const PyObject *frame)
+park_find(ParkTable *t, const PyObject *frame)
 {
-    if (t->used == 0)
+    if (t->front.frame == frame && frame != NULL)
+        return &t->front;
+    if (park_slots_used(t) == 0)
         return NULL;
     ParkSlot *s = park_probe(t, frame);
     return s->frame != NULL ? s : NULL;
@@ -112,19 +123,19 @@ static inline int
 park_put_ref(ParkTable *t, PyObject *frame, PyObject *rec, PyObject **old)
 {
     *old = NULL;
-    ParkSlot *s = t->slots != NULL ? park_probe(t, frame) : NULL;
-    if (s != NULL && s->frame != NULL) {
+    ParkSlot *s = park_find(t, frame);
+    if (s != NULL) {
         *old = s->rec;
         s->rec = rec;
         return 0;
     }
-    if ((size_t)(t->used + 1) * 2 > park_capacity(t)) {
-        if (park_grow(t) < 0)
+    if (t->front.frame != NULL) { /* the front moves into the slots, the new entry takes it */
+        if ((size_t)(park_slots_used(t) + 1) * 2 > park_capacity(t) && park_grow(t) < 0)
             return -1;
-        s = park_probe(t, frame); /* (in the new slots) */
+        *park_probe(t, t->front.frame) = t->front;
     }
-    s->frame = Py_NewRef(frame);
-    s->rec = rec;
+    t->front.frame = Py_NewRef(frame);
+    t->front.rec = rec;
     t->used++;
     return 0;
 }
@@ -145,6 +156,11 @@ park_put(ParkTable *t, PyObject *frame, PyObject *rec, PyObject **old)
 static void
 park_remove_slot(ParkTable *t, ParkSlot *s)
 {
+    if (s == &t->front) {
+        s->frame = s->rec = NULL;
+        t->used--;
+        return;
+    }
     size_t hole = (size_t)(s - t->slots);
     t->slots[hole].frame = t->slots[hole].rec = NULL;
     t->used--;
@@ -179,11 +195,14 @@ park_take(ParkTable *t, PyObject *frame, PyObject **frame_ref)
 static void
 park_clear(ParkTable *t)
 {
-    ParkSlot *old = t->slots;
+    ParkSlot *old = t->slots, front = t->front;
     size_t cap = park_capacity(t);
+    t->front.frame = t->front.rec = NULL;
     t->slots = NULL;
     t->mask = 0;
     t->used = 0;
+    Py_XDECREF(front.frame);
+    Py_XDECREF(front.rec);
     for (size_t i = 0; i < cap; i++) {
         Py_XDECREF(old[i].frame);
         Py_XDECREF(old[i].rec);
@@ -200,8 +219,8 @@ park_list(ParkTable *t, int what) /* 0 keys, 1 values, 2 (key, value) tuples */
     if (out == NULL)
         return NULL;
     Py_ssize_t n = 0;
-    for (size_t i = 0; i < park_capacity(t); i++) {
-        ParkSlot *s = &t->slots[i];
+    for (size_t i = 0; i <= park_capacity(t); i++) { /* the slots, then the front */
+        ParkSlot *s = i < park_capacity(t) ? &t->slots[i] : &t->front;
         if (s->frame == NULL)
             continue;
         PyObject *item = what == 0 ? Py_NewRef(s->frame)
