@@ -3,7 +3,9 @@
     python sqlglot_transpile.py [ROUNDS]
 
 Each round transpiles every statement below from its dialect into three others and
-pretty-prints one. ~1 s untraced at the default 14 rounds on the bench machine.
+pretty-prints one. ~1 s untraced at the default 14 rounds on the bench machine. It marks its
+first line, the end of its import of sqlglot, each round's end and its last line
+(_marks.py): bench/bench_phases.py splits a run with them.
 """
 
 import sys
@@ -13,6 +15,8 @@ from _marks import mark
 mark("start")
 
 import sqlglot  # noqa: E402
+
+mark("imported")
 
 STATEMENTS = [
     ("duckdb", "SELECT a, SUM(b) AS total FROM t JOIN u ON t.id = u.id WHERE c > 1 "
@@ -49,6 +53,7 @@ def run(rounds: int) -> int:
                 if target != dialect:
                     size += len(sqlglot.transpile(sql, read=dialect, write=target)[0])
         size += len(sqlglot.transpile(STATEMENTS[1][1], read="postgres", pretty=True)[0])
+        mark("round")
     return size
 
 
