@@ -338,3 +338,31 @@ def test_compile_exec_compiles_as_compile_does(source: str | bytes) -> None:
         f = ns.get("f")
         if f is not None and getattr(f, "__annotations__", None):
             assert f.__annotations__["a"] is int
+
+
+# --- wrapping a module as the program imports it (follow._when_imported) ------------------------
+def test_a_module_is_wrapped_as_it_is_imported(tmp_path: Path, monkeypatch) -> None:
+    """follow.install wraps _posixsubprocess.fork_exec when the program imports it: a source
+    module (its loader instance wrapped), a frozen one (a loader shared by many modules: a
+    loader of its own wraps it), one imported already (at once); the finder leaves
+    sys.meta_path once it has found its module, and the module is the one imported."""
+    from rethook.runner import follow
+
+    (tmp_path / "rh_later_mod.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))  # (as it was, whatever happens)
+    seen: list[types.ModuleType] = []
+    meta = list(sys.meta_path)
+    for k, name in enumerate(("rh_later_mod", "__hello__")):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+        follow._when_imported(name, seen.append)
+        assert len(sys.meta_path) == len(meta) + k + 1 and not seen
+    import __hello__  # noqa: F401  (a frozen module: prints "Hello world!")
+
+    import rh_later_mod
+
+    assert [m.__name__ for m in seen] == ["__hello__", "rh_later_mod"]
+    assert seen[1] is rh_later_mod and rh_later_mod.VALUE == 1
+    assert sys.meta_path == meta
+    follow._when_imported("rh_later_mod", seen.append)  # imported already: at once
+    assert seen[2] is rh_later_mod and sys.meta_path == meta
