@@ -22,7 +22,8 @@ setup(
         Extension("rethook.engine._ccore", sources=["src/rethook/engine/_ccore.c"],
                   depends=["src/rethook/engine/clock.h", "src/rethook/engine/drainround.h",
                            "src/rethook/engine/fgraph_direct.h", "src/rethook/engine/pyframe.h",
-                           "src/rethook/engine/parktable.h", "src/rethook/engine/fasttstate.h"],
+                           "src/rethook/engine/parktable.h", "src/rethook/engine/fasttstate.h",
+                           "src/rethook/engine/ptrhash.h"],
                   optional=True),
         Extension("rethook.buffer._cring", sources=["src/rethook/buffer/_cring.c"],
                   depends=["src/rethook/buffer/cring.h"], optional=True),
@@ -33,7 +34,7 @@ setup(
                   include_dirs=["src/rethook/buffer", "src/rethook/engine"],
                   depends=["src/rethook/buffer/cring.h", "src/rethook/engine/clock.h",
                            "src/rethook/engine/fgraph_direct.h",
-                           "src/rethook/engine/pyframe.h"],
+                           "src/rethook/engine/pyframe.h", "src/rethook/engine/ptrhash.h"],
                   optional=True),
     ],
 )

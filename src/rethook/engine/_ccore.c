@@ -62,6 +62,7 @@
 #include "fgraph_direct.h"
 #include "pyframe.h"
 #include "parktable.h"
+#include "ptrhash.h"
 
 #if PY_VERSION_HEX < 0x030C0000
 #error "rethook's C core needs CPython 3.12 or newer (sys.monitoring)"
@@ -532,22 +533,13 @@ _Static_assert(sizeof(Slot) <= SLOT_ALIGN, "a slot fits one cache line");
 static Table empty_table = {0, 0, NULL, {}};
 static Table *table = &empty_table;
 
-/* A pointer's hash for the tables below, masked by their callers: Fibonacci hashing (the
- * product's bits 32 and up depend on every bit of the address below them), two instructions
- * on the hot path where a mixer of shifts and xors took seven. */
-static inline size_t
-hash_ptr(const void *p)
-{
-    return (size_t)(((uint64_t)(uintptr_t)p * 0x9E3779B97F4A7C15ULL) >> 32);
-}
-
 static inline const Slot *
 lookup(const void *code)
 {
     Table *tb = table;
     if (tb->used == 0)
         return NULL;
-    size_t i = hash_ptr(code) & tb->mask;
+    size_t i = rh_hash_ptr(code) & tb->mask;
     for (;;) {
         const Slot *s = &tb->slots[i];
         if (s->key == code)
@@ -1125,7 +1117,7 @@ static TSCacheEntry ts_cache[TS_CACHE];
 static inline TSCacheEntry *
 ts_entry(PyThreadState *tstate)
 {
-    return &ts_cache[hash_ptr(tstate) & (TS_CACHE - 1)];
+    return &ts_cache[rh_hash_ptr(tstate) & (TS_CACHE - 1)];
 }
 
 static void
@@ -2999,7 +2991,7 @@ parse_entry(PyObject *key, PyObject *value, Slot *out)
 static Slot *
 probe(Table *tb, const void *addr)
 {
-    size_t i = hash_ptr(addr) & tb->mask;
+    size_t i = rh_hash_ptr(addr) & tb->mask;
     while (tb->slots[i].key != NULL && tb->slots[i].key != addr)
         i = (i + 1) & tb->mask;
     return &tb->slots[i];

@@ -29,6 +29,8 @@
 #include <Python.h>
 #include <stdint.h>
 
+#include "ptrhash.h"
+
 #define PARK_MIN_SLOTS 16 /* a power of two */
 
 typedef struct {
@@ -51,12 +53,10 @@ park_slots_used(const ParkTable *t)
     return t->used - (t->front.frame != NULL);
 }
 
-/* Fibonacci hashing, as the C core's other tables (_ccore.c's hash_ptr): the product's bits
- * 32 and up depend on every bit of the address below them. */
 static inline size_t
 park_home(const ParkTable *t, const void *frame)
 {
-    return (size_t)(((uint64_t)(uintptr_t)frame * 0x9E3779B97F4A7C15ULL) >> 32) & t->mask;
+    return rh_hash_ptr(frame) & t->mask;
 }
 
 /* Where frame is, or the empty slot its probe ends at (slots allocated). */

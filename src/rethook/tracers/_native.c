@@ -47,6 +47,7 @@
 #include "cring.h"
 #include "fgraph_direct.h"
 #include "pyframe.h"
+#include "ptrhash.h"
 
 #ifdef Py_GIL_DISABLED
 #error "rethook's native users rely on the GIL"
@@ -98,18 +99,10 @@ typedef struct {
     size_t used;
 } RowTable;
 
-/* A pointer's hash, masked by its callers: Fibonacci hashing (the product's bits 32 and up
- * depend on every bit of the address below them). */
-static inline size_t
-hash_ptr(const void *p)
-{
-    return (size_t)(((uint64_t)(uintptr_t)p * 0x9E3779B97F4A7C15ULL) >> 32);
-}
-
 static inline size_t
 hash_row(const void *code, const void *caller)
 {
-    return hash_ptr(code) ^ (hash_ptr(caller) * 31);
+    return rh_hash_ptr(code) ^ (rh_hash_ptr(caller) * 31);
 }
 
 static int
@@ -411,7 +404,7 @@ tstate_slow(NUser *u, PyThreadState *ts, TCache *e, int make)
 static inline TCache *
 tcache_entry(NUser *u, PyThreadState *ts)
 {
-    return &u->cache[hash_ptr(ts) & (TS_CACHE - 1)];
+    return &u->cache[rh_hash_ptr(ts) & (TS_CACHE - 1)];
 }
 
 /* The state entry e holds for thread ts, or NULL (another thread's, or empty). */
