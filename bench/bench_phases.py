@@ -23,26 +23,26 @@ import tempfile
 import time
 from pathlib import Path
 
-BIN = Path(sys.executable).parent
-PROGRAM = Path(__file__).resolve().parent / "programs" / "sqlglot_transpile.py"
+sys.path.insert(0, os.path.dirname(__file__))
+
+# the peers' commands, environment and marks, as bench_peers.py runs them
+from bench_peers import BIN, PROGRAMS, SUFFIX, Workload, _env, _read_marks, command  # noqa: E402
+
+PROGRAM = PROGRAMS / "sqlglot_transpile.py"
 PHASES = ("start", "import", "first round", "later round", "finish", "whole")
 
 
-def commands(out: str, rounds: int) -> dict[str, list[str]]:
-    prog = [str(PROGRAM), str(rounds)]
-    cmds = {"python": [sys.executable, *prog],
-            "rethook": [str(BIN / "rethook"), "record", "-l", "*", "-o", out + ".dat", *prog]}
-    if (BIN / "trace0").exists():
-        cmds["trace0"] = [str(BIN / "trace0"), "run", "-o", out + ".pftrace", *prog]
-    return cmds
+def commands(work: Path, rounds: int) -> dict[str, list[str]]:
+    w = Workload("sqlglot", PROGRAM, [str(rounds)])
+    tools = ["python", "rethook"] + (["trace0"] if (BIN / "trace0").exists() else [])
+    return {tool: command(tool, w, work / f"out{SUFFIX[tool]}") for tool in tools}
 
 
 def run(cmd: list[str], marks: Path) -> dict[str, float]:
     """One run's phases, in seconds."""
     if marks.exists():
         marks.unlink()
-    env = dict(os.environ, PYTHONPATH=str(PROGRAM.parent), BENCH_MARKS=str(marks))
-    env.pop("PYTHONDONTWRITEBYTECODE", None)  # as users run: byte code cached
+    env = _env(PROGRAM, marks)
     t0 = time.time()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     _, err = proc.communicate()
@@ -50,9 +50,8 @@ def run(cmd: list[str], marks: Path) -> dict[str, float]:
     if proc.returncode != 0:
         sys.exit(f"bench_phases: {' '.join(cmd)} failed:\n{err.decode(errors='replace')[-2000:]}")
     times: dict[str, list[float]] = {}
-    for line in marks.read_text().splitlines():
-        name, _, t = line.partition(" ")
-        times.setdefault(name, []).append(float(t))
+    for name, t in _read_marks(marks):
+        times.setdefault(name, []).append(t)
     start, imported, rounds, end = (times["start"][0], times["imported"][0], times["round"],
                                     times["end"][-1])
     later = [b - a for a, b in zip(rounds, rounds[1:], strict=False)]
@@ -75,7 +74,7 @@ def main() -> None:
                  "(./dev.sh bench installs the bench extra)")
     repeat, rounds = (3, 3) if args.quick else (args.repeat, max(2, args.rounds))
     with tempfile.TemporaryDirectory(prefix="rethook-phases-") as tmp:
-        cmds = commands(os.path.join(tmp, "out"), rounds)
+        cmds = commands(Path(tmp), rounds)
         results: dict[str, list[dict[str, float]]] = {name: [] for name in cmds}
         for _ in range(repeat):
             for name, cmd in cmds.items():
