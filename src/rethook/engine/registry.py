@@ -87,7 +87,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 __all__ = ["FunctionInfo", "Registry", "Scope", "Within", "default_registry", "code_kind",
-           "is_own_module", "no_modules"]
+           "find_spec_after", "is_own_module", "no_modules"]
 
 # co_flags bits (the inspect module has them too, but importing inspect is slow).
 _CO_NEWLOCALS = 0x0002
@@ -1185,25 +1185,34 @@ class _ImportWatcher:
             return None
         _finding.on = True
         try:
-            meta = sys.meta_path
-            try:
-                later = meta[meta.index(self) + 1:]
-            except ValueError:
-                return None
-            for finder in later:
-                find = getattr(finder, "find_spec", None)
-                if find is None:
-                    continue
-                spec = find(fullname, path, target)
-                if spec is not None:
-                    _watch_loader(spec.loader)
-                    return spec
-            return None
+            spec = find_spec_after(self, fullname, path, target)
+            if spec is not None:
+                _watch_loader(spec.loader)
+            return spec
         finally:
             _finding.on = False
 
     def invalidate_caches(self) -> None:
         pass
+
+
+def find_spec_after(finder: object, fullname: str, path: Any = None, target: Any = None) -> Any:
+    """The spec the finders after ``finder`` on ``sys.meta_path`` give for ``fullname`` (the
+    first that gives one), or None: what the import would get without ``finder``, for a
+    finder that only watches imports (this module's, runner/follow.py's)."""
+    meta = sys.meta_path
+    try:
+        later = meta[meta.index(finder) + 1:]
+    except ValueError:
+        return None
+    for later_finder in later:
+        find = getattr(later_finder, "find_spec", None)
+        if find is None:
+            continue
+        spec = find(fullname, path, target)
+        if spec is not None:
+            return spec
+    return None
 
 
 def _watch_loader(loader: Any) -> None:

@@ -38,6 +38,7 @@ import threading
 import types
 
 from rethook.buffer.tracefile import TAG_END, TraceTail, TraceWriter, iter_chunks
+from rethook.engine.registry import find_spec_after
 from rethook.runner.settings import TraceSettings
 
 TYPE_CHECKING = False
@@ -354,11 +355,11 @@ class _OnImport:
             return None
         self._finding = True
         try:
-            spec = self._find_later(fullname, path, target)
+            spec = find_spec_after(self, fullname, path, target)
         finally:
             self._finding = False
-        if spec is None:
-            return None
+        if spec is None or spec.loader is None:
+            return None  # (nothing to wrap: the import goes on without this finder)
         try:
             sys.meta_path.remove(self)
         except ValueError:
@@ -375,16 +376,6 @@ class _OnImport:
 
         loader.exec_module = exec_then
         return spec
-
-    def _find_later(self, fullname: str, path: Any, target: Any) -> Any:
-        meta = sys.meta_path
-        later = meta[meta.index(self) + 1:] if self in meta else []
-        for finder in later:
-            find = getattr(finder, "find_spec", None)
-            spec = find(fullname, path, target) if find is not None else None
-            if spec is not None and spec.loader is not None:
-                return spec
-        return None
 
     def invalidate_caches(self) -> None:
         pass
