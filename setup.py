@@ -3,6 +3,7 @@
 - ``rethook.engine._clock``: the trace clock (the TSC scaled onto CLOCK_MONOTONIC where the
   kernel trusts it);
 - ``rethook.engine._ccore``: the C twin of the engine's hot path (docs/ccore.md);
+- ``rethook.engine._cregistry``: the registry's naming of a module's functions as it loads;
 - ``rethook.buffer._cring``: the ring buffer's hot side, fixed-size records per thread;
 - ``rethook.buffer._tfenc``: the trace file writer's column encoder (same bytes as
   tracefile.py's);
@@ -24,6 +25,8 @@ setup(
                            "src/rethook/engine/fgraph_direct.h", "src/rethook/engine/pyframe.h",
                            "src/rethook/engine/parktable.h", "src/rethook/engine/fasttstate.h",
                            "src/rethook/engine/ptrhash.h"],
+                  optional=True),
+        Extension("rethook.engine._cregistry", sources=["src/rethook/engine/_cregistry.c"],
                   optional=True),
         Extension("rethook.buffer._cring", sources=["src/rethook/buffer/_cring.c"],
                   depends=["src/rethook/buffer/cring.h"], optional=True),

@@ -62,6 +62,7 @@ Names (see docs/functions.md) are ``module.qualname`` and never change once hand
 
 from __future__ import annotations
 
+import functools
 import gc
 import os
 import sys
@@ -197,6 +198,11 @@ def _new_info(code: CodeType, name: str, module: str, qualname: str, kind: str,
     return info  # type: ignore[return-value]
 
 
+#: Every kind code_kind() gives, in the order engine/_cregistry.c numbers them (KIND_*).
+_C_KINDS = ("module", "class", "genexpr", "lambda", "async_generator", "coroutine", "generator",
+            "type_params", "comprehension", "function")
+
+
 def code_kind(code: CodeType) -> str:
     """Classify a code object by its flags and name."""
     flags = code.co_flags
@@ -218,6 +224,26 @@ def code_kind(code: CodeType) -> str:
     if name in ("<listcomp>", "<setcomp>", "<dictcomp>"):  # only outside 3.12+'s inlining
         return "comprehension"
     return "function"
+
+
+def _load_c() -> Any:
+    """engine/_cregistry.c, set up with this module's facts: the C twin of :meth:`Registry.
+    _collect`, of the naming loop of :meth:`Registry._commit` and of
+    :func:`_namespace_functions` (the same results at a tenth of the cost: a module's import
+    names every function its body will make). None where it is not built, or where the pure
+    engine is asked for (``RETHOOK_ENGINE=python``): this module is the reference."""
+    from rethook.engine.select import ENV_VAR, PURE_NAMES
+
+    if os.environ.get(ENV_VAR, "").strip().lower() in PURE_NAMES:
+        return None
+    try:
+        from rethook.engine import _cregistry
+    except ImportError:
+        return None
+    _cregistry.setup(_C_KINDS, _ANONYMOUS, FunctionInfo,
+                     tuple(_FunctionFields.__dict__[n] for n in _FunctionFields.__slots__),
+                     functools.partial)
+    return _cregistry
 
 
 def _is_synthetic(filename: str) -> bool:
@@ -644,7 +670,8 @@ class Registry:
         if key in self._bodies:
             return
         bodies = self._bodies
-        bodies[key] = weakref.ref(code, lambda _r, key=key: bodies.pop(key, None))
+        # (the callback gets the dead reference: pop's default, unused)
+        bodies[key] = weakref.ref(code, functools.partial(bodies.pop, key))
 
     def _notify(self, new: list[FunctionInfo]) -> None:
         if not new:
@@ -828,6 +855,10 @@ class Registry:
         ``register_top`` (info() names whatever it is asked about). ``qualname`` overrides
         ``co_qualname`` for ``code``; nested code gets the same prefix rewritten.
         """
+        if _c is not None:
+            self._order = _c.collect(code, module, qualname, entries, self._by_id,
+                                     register_top, self._order, self._bodies)
+            return
         by_id = self._by_id
         order = self._order
         # (id(code) (id() is not free: it raises an audit event and makes an int), code, its
@@ -862,6 +893,19 @@ class Registry:
 
     def _commit(self, entries: dict[int, _Entry]) -> list[FunctionInfo]:
         """Name a batch of new code objects and publish them. Caller holds the lock."""
+        if _c is not None:
+            new = _c.commit(entries, self._by_id, self._taken, _column)
+        else:
+            new = self._name_batch(entries)
+        if not new:
+            return []
+        self._modules.update({info.module for info in new if info.kind not in NON_FUNCTION_KINDS})
+        self._listed = None
+        self._generation += 1
+        return new
+
+    def _name_batch(self, entries: dict[int, _Entry]) -> list[FunctionInfo]:
+        """Name a batch's code objects not known yet and publish each (_commit's loop)."""
         by_id = self._by_id
         # Grouped by name without suffix, in the batch's order. Re-check each: a finalizer
         # run by the garbage collector in the middle of a scan may have imported something,
@@ -887,9 +931,6 @@ class Registry:
                     new.append(info)
                     continue
             self._name_apart(base, members, new)
-        self._modules.update({info.module for info in new if info.kind not in NON_FUNCTION_KINDS})
-        self._listed = None
-        self._generation += 1
         return new
 
     def _name_apart(self, base: str, members: list[_Entry], new: list[FunctionInfo]) -> None:
@@ -1117,6 +1158,8 @@ def _namespace_functions(mod: ModuleType, known: dict[int, FunctionInfo],
     Only looks at plain dicts and known wrapper types, so no user code (descriptors,
     ``__getattr__``) runs.
     """
+    if _c is not None and isinstance(mod, ModuleType):
+        return _c.namespace_functions(mod, known, owners)
     out: list[FunctionType] = []
     seen: set[int] = set()
     modname = mod.__dict__.get("__name__")
@@ -1145,7 +1188,9 @@ def _namespace_functions(mod: ModuleType, known: dict[int, FunctionInfo],
                     # The module's own classes, each once (most classes in a namespace are
                     # imported: told apart first)
                     ns = _class_dict(value)
-                    if ns.get("__module__") == modname and id(value) not in seen:
+                    m = ns.get("__module__")  # (str only: another type's == is user code)
+                    if type(m) is str and type(modname) is str and m == modname and \
+                            id(value) not in seen:
                         seen.add(id(value))
                         stack.append((iter(list(ns.values())), depth + 1, value))  # type: ignore[arg-type]
                         break
@@ -1284,6 +1329,9 @@ def _deactivate(reg: Registry) -> None:
 _default: Registry | None = None
 _default_lock = threading.Lock()
 
+
+
+_c = _load_c()
 
 
 def default_registry() -> Registry:

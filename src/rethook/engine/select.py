@@ -21,7 +21,8 @@ if TYPE_CHECKING:
     from rethook.engine.coreapi import HookCore
 
 ENV_VAR = "RETHOOK_ENGINE"
-_PURE = ("python", "py", "pure")
+#: What ``RETHOOK_ENGINE`` names the pure-Python engine by (the registry reads it too).
+PURE_NAMES = ("python", "py", "pure")
 _C = ("c", "ccore", "native")
 
 try:
@@ -87,7 +88,7 @@ def choose_core(prefer: str | None = None) -> HookCore:
     """A new core instance: ``prefer`` (``"c"``/``"python"``), else ``$RETHOOK_ENGINE``, else
     the C core when it is built, else the pure-Python core (whose ``note`` says why)."""
     want = (prefer or os.environ.get(ENV_VAR) or "").strip().lower()
-    if want in _PURE:
+    if want in PURE_NAMES:
         core = _core.PyCore()
         core.note = f"pure-Python core (asked for by {'prefer' if prefer else ENV_VAR})"
         return core
@@ -112,7 +113,7 @@ def describe() -> str:
         return str(e)
 
 
-__all__ = ["CCore", "C_CORE_ERROR", "ENV_VAR", "available_cores", "c_core_available",
+__all__ = ["CCore", "C_CORE_ERROR", "ENV_VAR", "PURE_NAMES", "available_cores", "c_core_available",
            "choose_core", "describe"]
 
 if __name__ == "__main__":  # python -m rethook.engine.select

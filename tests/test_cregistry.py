@@ -1,0 +1,147 @@
+"""The registry's C twin (engine/_cregistry.c) against registry.py, the reference: the same
+names, kinds, suffixes and order for the same code, the same functions found in a namespace."""
+
+from __future__ import annotations
+
+import gc
+import glob
+import os
+import sys
+import sysconfig
+from types import CodeType, ModuleType
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rethook.engine import registry
+
+pytestmark = pytest.mark.skipif(registry._c is None, reason="engine/_cregistry.c not built")
+
+
+def _fields(info: registry.FunctionInfo) -> tuple:
+    return (id(info.code), type(info), info.name, info.module, info.qualname, info.filename,
+            info.firstlineno, info.kind, info.suffix)
+
+
+def _register(codes: list[tuple[CodeType, str]], use_c: bool,
+              monkeypatch: pytest.MonkeyPatch) -> tuple:
+    """Register each ``(module code, module name)`` twice (the second time every name is
+    taken): what each batch named, in order, and what the registry holds after."""
+    with monkeypatch.context() as m:
+        if not use_c:
+            m.setattr(registry, "_c", None)
+        reg = registry.Registry()
+        batches = []
+        for top in (False, True):
+            for code, module in codes:
+                entries: dict = {}
+                reg._collect(code, module, None, entries, register_top=top)
+                batches.append([_fields(i) for i in reg._commit(entries)])
+        return batches, sorted(reg._bodies), reg._order, sorted(reg._taken), sorted(reg._modules)
+
+
+# Sources with what makes naming hard: names defined twice (in branches, as property
+# accessors), several lambdas and generator expressions on one line, nested and
+# renamed scopes, every kind of function.
+_NAME = st.sampled_from(["f", "g", "p", "K"])
+
+
+@st.composite
+def _block(draw, depth: int = 0) -> list[str]:
+    lines: list[str] = []
+    for _ in range(draw(st.integers(1, 4))):
+        what = draw(st.sampled_from(["def", "async", "gen", "class", "lambdas", "genexpr",
+                                     "branch", "property", "pass"]
+                                    if depth < 3 else ["lambdas", "genexpr", "pass"]))
+        name = draw(_NAME)
+        if what in ("def", "async", "gen"):
+            head = {"def": "def", "async": "async def", "gen": "def"}[what]
+            body = draw(_block(depth + 1))
+            if what == "gen":
+                body = ["yield 1", *body]
+            lines += [f"{head} {name}(a=1):", *("    " + b for b in body)]
+        elif what == "class":
+            lines += [f"class {name}:", *("    " + b for b in draw(_block(depth + 1)))]
+        elif what == "lambdas":
+            n = draw(st.integers(1, 3))
+            lines.append(f"{name} = [" + ", ".join(["lambda: 0"] * n) + "]")
+        elif what == "genexpr":
+            lines.append(f"{name} = (i for i in ()), (j for j in ())")
+        elif what == "branch":
+            lines += ["if a:", f"    def {name}(): pass", "else:", f"    def {name}(): pass"]
+        elif what == "property":
+            lines += ["@property", f"def {name}(self): pass", f"@{name}.setter",
+                      f"def {name}(self, v): pass"]
+        else:
+            lines.append("pass")
+    return lines
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(_block(), min_size=1, max_size=3), st.sampled_from(["mod", "pkg.mod"]))
+def test_c_names_what_python_names(blocks: list[list[str]], module: str) -> None:
+    codes = [(compile("a = 1\n" + "\n".join(b) + "\n", f"/src/{module}{i}.py", "exec"), module)
+             for i, b in enumerate(blocks)]
+    with pytest.MonkeyPatch.context() as mp:
+        assert _register(codes, False, mp) == _register(codes, True, mp)
+
+
+def test_c_names_the_standard_library_and_rethook_as_python_does(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    stdlib = sysconfig.get_paths()["stdlib"]
+    paths = sorted(glob.glob(os.path.join(stdlib, "*.py")))[:120]
+    paths += sorted(glob.glob(os.path.join(os.path.dirname(registry.__file__), "..", "**",
+                                           "*.py"), recursive=True))
+    codes = []
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            try:
+                codes.append((compile(f.read(), path, "exec"), os.path.basename(path)[:-3]))
+            except SyntaxError:  # (test data of the standard library's own)
+                continue
+    assert _register(codes, False, monkeypatch) == _register(codes, True, monkeypatch)
+
+
+def test_c_infos_are_frozen_and_out_of_the_collectors_sight() -> None:
+    reg = registry.Registry()
+    infos = reg.add_code(compile("def f(): pass\nclass K:\n    def m(self): pass\n", "<x>",
+                                 "exec"), "cmod")
+    info = next(i for i in infos if i.name == "cmod.f")
+    assert type(info) is registry.FunctionInfo and repr(info).startswith("FunctionInfo(")
+    with pytest.raises(AttributeError):
+        info.name = "other"  # type: ignore[misc]
+    assert not gc.is_tracked(info)  # (a code object, strings and an int: never in a cycle)
+    assert info == info and info != registry.FunctionInfo(*[getattr(info, f) for f in
+                                                            registry.FunctionInfo._fields])
+
+
+def _namespace(use_c: bool, mod: ModuleType, monkeypatch: pytest.MonkeyPatch) -> tuple:
+    with monkeypatch.context() as m:
+        if not use_c:
+            m.setattr(registry, "_c", None)
+        owners: dict = {}
+        found = registry._namespace_functions(mod, {}, owners)
+        return found, owners
+
+
+def test_c_finds_in_a_namespace_what_python_finds(monkeypatch: pytest.MonkeyPatch) -> None:
+    mod = ModuleType("nsmod")
+    monkeypatch.setitem(sys.modules, "nsmod", mod)  # (dataclasses looks its module up)
+    exec(
+        "import dataclasses, collections, functools\n"
+        "@dataclasses.dataclass\nclass D:\n    x: int = 0\n"
+        "    @property\n    def p(self): return 1\n    @p.setter\n    def p(self, v): pass\n"
+        "    @staticmethod\n    def s(): pass\n    @classmethod\n    def c(cls): pass\n"
+        "    class Inner:\n        def deep(self): pass\n"
+        "N = collections.namedtuple('N', 'a b')\n"
+        "def base(): pass\n"
+        "@functools.wraps(base)\ndef wrapper(): return base()\n"
+        "class Foreign: pass\nForeign.__module__ = 'elsewhere'\n"
+        "class Odd: pass\nOdd.__module__ = 3\n",
+        mod.__dict__)
+    py, c = _namespace(False, mod, monkeypatch), _namespace(True, mod, monkeypatch)
+    assert py == c and len(py[0]) > 8
+    for name, m in list(sys.modules.items()):
+        if isinstance(m, ModuleType):
+            assert _namespace(False, m, monkeypatch) == _namespace(True, m, monkeypatch), name
