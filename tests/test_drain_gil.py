@@ -298,6 +298,39 @@ def test_new_strings_between_released_batches(gil_mode):
     assert finish(wa) == finish(wb)
 
 
+def held() -> int:
+    """Records the released calls named or encoded with the GIL held all the same."""
+    return _tfenc._nogil()[2]
+
+
+@pytest.mark.parametrize("every", [5_000, 40_000])
+def test_new_codes_take_the_gil_for_themselves_only(every, gil_mode):
+    """A large call whose records meet codes never named (a program's first rounds): only a
+    record of each new code is named with the GIL held (name_of is Python code), and the
+    batches naming strings the table lacks are encoded without it, the strings added in the
+    held path's order: the file is the tuple path's, byte for byte."""
+    gil_mode(RELEASE)
+    count = 200_000
+    codes = [compile(f"def g{i}(): pass", "gen", "exec").co_consts[0]
+             for i in range(count // every)]
+    a, b = cring.Ring(count, TID), cring.Ring(count, TID)
+    wa, wb = fd.new_writer(20_000), fd.new_writer(20_000)
+    storm((a, b), 100)  # (the writers name CODES first)
+    assert fused(wa, a) == tuple_path(wb, b) == 100
+    ts = 10**6
+    for k in range(count // 2):  # a new code every `every` records, the known ones between
+        code = codes[2 * k // every] if k % 3 == 0 else CODES[k % len(CODES)]
+        for ring in (a, b):
+            ring.write(2, ts, code, None, k % 7, 0, 0, 0, 0)
+            ring.write(3, ts + 40, code, None, k % 7, ts, 0, 0, 0)
+        ts += 100
+    before = held()
+    assert fused(wa, a) == tuple_path(wb, b) == count
+    assert held() - before == len(codes)  # one record per new code
+    assert wa._strings == wb._strings
+    assert finish(wa) == finish(wb)
+
+
 # -- other threads while the GIL is released -----------------------------------------------------
 
 

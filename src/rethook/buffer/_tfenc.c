@@ -1658,6 +1658,7 @@ typedef struct {
 
 typedef struct {
     Area types, named, vals, out, drop, refs;
+    Area pend, pend_of, pend_order; /* a call's pending strings (see Pend) */
     int busy;          /* a call is using it (name_of, Python code, could make another) */
     unsigned busy_gen; /* fork_gen when busy was set (see scratch_in_use()) */
     int free_pending;  /* free_scratch() was called meanwhile: done when that call ends */
@@ -1727,6 +1728,9 @@ scratch_free(Scratch *sc)
     area_free(sc, &sc->out);
     area_free(sc, &sc->drop);
     area_free(sc, &sc->refs);
+    area_free(sc, &sc->pend);
+    area_free(sc, &sc->pend_of);
+    area_free(sc, &sc->pend_order);
 }
 
 /* A record's names: the slots of its code and of a function record's parent (0, "", for the
@@ -1765,6 +1769,14 @@ typedef struct {
     Py_ssize_t added;             /* strings this batch added to the table */
 } Encoded;
 
+/* A string the table lacks that a call adds without the GIL (see "New strings without the
+ * GIL"): its name (its slot's: the slot holds it) and the index it gets, NO_INDEX until a
+ * batch meets it. */
+typedef struct {
+    PyObject *name;
+    uint64_t index;
+} Pend;
+
 /* What one encode_ring() call works with */
 typedef struct {
     rh_ring *ring;
@@ -1791,6 +1803,16 @@ typedef struct {
     uint64_t defined;      /* the format ids the file has defined (bit fid) */
     Py_ssize_t written;    /* events the call wrote to fd (its chunks' counts), or -1 */
     int write_errno;       /* the write to fd failed: writev_all()'s answer; 0: it did not */
+    /* the strings it adds without the GIL (pend_resolve()), in sc->pend, sc->pend_of and
+     * sc->pend_order */
+    Pend *pend;
+    int32_t npend;
+    int32_t *pend_of;      /* slot -> its pending string (-1: none), for slots < pend_slots */
+    int32_t pend_slots;
+    int32_t *pend_order;   /* the pending strings given an index, in that order */
+    int32_t nassigned;
+    uint64_t table_next;   /* the index the next one gets */
+    int pend_closed;       /* a batch was left: no more indices without the GIL */
 } Fused;
 
 /* The records [lo, hi) of the ones taken (n <= the capacity): ring positions, in one run,
@@ -2014,6 +2036,164 @@ first_of(const uint8_t *types, const Run run[2], int t)
     return run[0].len + (at - (types + run[1].pos));
 }
 
+/* ---------------------------------------------------------------------------------------- */
+/* New strings without the GIL                                                                */
+
+/* The string table is a dict, so a batch naming a string the table lacks was left to be
+ * encoded with the GIL held: in a program's first rounds, where most calls meet functions
+ * never met before, that was most batches (sqlglot's first round: ~13 ms of encoding with the
+ * GIL held, the program waiting for it). Now, with the GIL, before letting it go
+ * (pend_resolve()), every slot whose index is not known is looked up: found, it takes the
+ * index; not found, it gets a pending string (slots of equal names share one, as the dict
+ * would). Without the GIL, a batch that meets a pending string gives it the index the held
+ * path would give it when adding it (the table's size, plus the strings given one before it
+ * in this call), in the order the held path adds them (batch, group, column, record), and
+ * counts it in the batch's `added`. With the GIL back, pend_commit() adds them to the table
+ * and new_strings in that order, before anything else can: the file is the same bytes. Once
+ * a batch is left (for any reason) no later one gives an index without the GIL: the left
+ * batch adds its strings first, with the GIL, in order. */
+
+/* Pending strings for the slots named since the last call of this (all of them the first
+ * time in a call). With the GIL; 0, -1 with an error. */
+static int
+pend_resolve(Fused *f)
+{
+    Names *nm = f->names;
+    Scratch *sc = f->sc;
+    const int32_t n = nm->nslots;
+    const uint64_t size = (uint64_t)PyDict_GET_SIZE(f->strings);
+    if (f->pend_slots > 0 && f->nassigned == 0 && size != f->table_next) {
+        /* Python code (name_of, draining another ring into this writer) added strings
+         * since: what was pending may be in the table now. All looked up again. */
+        f->pend_slots = 0;
+        f->npend = 0;
+    }
+    if (n <= f->pend_slots)
+        return 0;
+    if (area_grow(sc, &sc->pend_of, (size_t)n * sizeof(int32_t)) < 0 ||
+        area_grow(sc, &sc->pend, (size_t)n * sizeof(Pend)) < 0 ||
+        area_grow(sc, &sc->pend_order, (size_t)n * sizeof(int32_t)) < 0) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    f->pend_of = sc->pend_of.p;
+    f->pend = sc->pend.p;
+    f->pend_order = sc->pend_order.p;
+    if (f->pend_slots == 0)
+        f->table_next = size;
+    PyObject *seen = NULL; /* name -> its pending string, made when one is needed */
+    int rc = 0;
+    for (int32_t s = f->pend_slots; s < n && rc == 0; s++) {
+        Slot *slot = &nm->slots[s];
+        f->pend_of[s] = -1;
+        if (!(slot->index >> 63))
+            continue;
+        uint64_t index;
+        int r = table_index(f->strings, slot->name, &index);
+        if (r == 0) {
+            slot->index = index;
+            continue;
+        }
+        if (r != 1) { /* an error, or a table holding something odd: the held path's */
+            rc = r < 0 ? -1 : 0;
+            continue;
+        }
+        if (seen == NULL) {
+            if ((seen = PyDict_New()) == NULL) {
+                rc = -1;
+                break;
+            }
+            for (int32_t p = 0; p < f->npend && rc == 0; p++) {
+                PyObject *v = PyLong_FromLong(p);
+                rc = v == NULL ? -1 : PyDict_SetItem(seen, f->pend[p].name, v);
+                Py_XDECREF(v);
+            }
+            if (rc < 0)
+                break;
+        }
+        PyObject *v = PyDict_GetItemWithError(seen, slot->name);
+        if (v != NULL)
+            f->pend_of[s] = (int32_t)PyLong_AsLong(v);
+        else if (PyErr_Occurred())
+            rc = -1;
+        else {
+            int32_t p = f->npend++;
+            f->pend[p] = (Pend){slot->name, NO_INDEX};
+            f->pend_of[s] = p;
+            v = PyLong_FromLong(p);
+            rc = v == NULL ? -1 : PyDict_SetItem(seen, slot->name, v);
+            Py_XDECREF(v);
+        }
+    }
+    Py_XDECREF(seen);
+    f->pend_slots = n;
+    return rc;
+}
+
+/* The index of slot s's string without the GIL: known, or its pending string's (given the
+ * next one the first time a batch meets it, counted in *added). 0; 1 not known (the batch
+ * is left). */
+static inline int
+pend_index(Fused *f, int32_t s, uint64_t *out, Py_ssize_t *added)
+{
+    Slot *slot = &f->names->slots[s];
+    if (!(slot->index >> 63)) {
+        *out = slot->index;
+        return 0;
+    }
+    if (f->pend_closed || s >= f->pend_slots || f->pend_of[s] < 0)
+        return 1;
+    Pend *p = &f->pend[f->pend_of[s]];
+    if (p->index == NO_INDEX) {
+        p->index = f->table_next++;
+        f->pend_order[f->nassigned++] = f->pend_of[s];
+        (*added)++;
+    }
+    *out = slot->index = p->index;
+    return 0;
+}
+
+/* The pending strings given an index, added to the table and new_strings in that order (what
+ * the held path would have added by then). With the GIL; 0, -1 with an error. */
+static int
+pend_commit(Fused *f)
+{
+    for (int32_t i = 0; i < f->nassigned; i++) {
+        const Pend *p = &f->pend[f->pend_order[i]];
+        uint64_t index;
+        if ((uint64_t)PyDict_GET_SIZE(f->strings) != p->index) { /* not reached */
+            PyErr_SetString(PyExc_SystemError, "rethook: the string table changed");
+            return -1;
+        }
+        if (add_string(f->strings, f->new_strings, p->name, &index) < 0)
+            return -1;
+    }
+    f->nassigned = 0;
+    return 0;
+}
+
+/* name_column() without the GIL (pend_index()): 0, 1 a string not known (left). */
+static int
+name_column_released(Fused *f, const Run run[2], Columns *cs, int t, int c, Py_ssize_t *added)
+{
+    const int src = LAYOUT[t][c];
+    uint64_t *v = cs->col[t][c], o = 0, a = UINT64_MAX;
+    for (int h = 0; h < 2; h++) {
+        for (uint64_t pos = run[h].pos, end = pos + (uint64_t)run[h].len; pos < end; pos++) {
+            if (f->types[pos] != t)
+                continue;
+            const Named nm = f->named[pos];
+            if (pend_index(f, src == S_PARENT ? nm.pslot : nm.slot, v, added))
+                return 1;
+            o |= *v;
+            a &= *v++;
+        }
+    }
+    cs->orv[t][c] = o;
+    cs->andv[t][c] = a;
+    return 0;
+}
+
 /* The string column c of group t again, its names' indices not all known when the hot loop
  * read them: each record's slot (src: S_CODE the code's, S_PARENT the parent's) looked up or
  * its string added (slot_index()), in record order, the order _encode_strings adds them in;
@@ -2140,7 +2320,7 @@ encode_batch(Fused *f, Encoded *e, int held)
     /* the string columns with an index not known (a string the table lacks, or not looked up
      * since the table changed): with the GIL, their strings added as the writer adds them:
      * group by group, column by column, in first-seen order; without, left */
-    Py_ssize_t strings_before = held ? PyList_GET_SIZE(f->new_strings) : 0;
+    Py_ssize_t strings_before = held ? PyList_GET_SIZE(f->new_strings) : 0, added = 0;
     for (int g = 0; g < k; g++) {
         int t = order[g];
         for (int c = 0; c < width[t]; c++) {
@@ -2149,21 +2329,31 @@ encode_batch(Fused *f, Encoded *e, int held)
                 continue;
             if (!((src == S_EMPTY ? slots[0].index : orv[t][c]) >> 63))
                 continue;
-            if (!held)
-                return 1;
             uint64_t unused;
+            if (!held) { /* the pending strings (see "New strings without the GIL") */
+                if (src == S_EMPTY ? pend_index(f, 0, &unused, &added)
+                                   : name_column_released(f, run, &cs, t, c, &added)) {
+                    e->added = added; /* (those given an index: pend_commit() adds them) */
+                    f->pend_closed = 1;
+                    return 1;
+                }
+                continue;
+            }
             if (src == S_EMPTY ? slot_index(f, 0, &unused) < 0
                                : name_column(f, run, &cs, t, c) < 0)
                 return -1;
         }
     }
-    e->added = held ? PyList_GET_SIZE(f->new_strings) - strings_before : 0;
+    /* (a batch encoded with the GIL after a try without it: what that try gave an index) */
+    e->added = held ? e->added + PyList_GET_SIZE(f->new_strings) - strings_before : added;
 
     /* the payload, at the end of the output area (at most OUT_MAX(n) bytes) */
     Area *out = &f->sc->out;
     if (area_grow(f->sc, out, f->out_used + OUT_MAX(n)) < 0) {
-        if (!held)
+        if (!held) {
+            f->pend_closed = 1;
             return 1;
+        }
         PyErr_NoMemory();
         return -1;
     }
@@ -2197,8 +2387,10 @@ encode_batch(Fused *f, Encoded *e, int held)
         }
     }
     if (p == NULL) { /* not reached: no group is empty, no column mixes sign and size */
-        if (!held)
+        if (!held) {
+            f->pend_closed = 1;
             return 1;
+        }
         PyErr_SetString(PyExc_SystemError, "rethook: a column the encoder cannot write");
         return -1;
     }
@@ -2252,6 +2444,7 @@ encode_batch(Fused *f, Encoded *e, int held)
 enum { GIL_HOLD, GIL_POLICY, GIL_RELEASE };
 static int gil_mode = GIL_POLICY; /* _nogil(), for tests and measurements */
 static uint64_t gil_releases;     /* calls that released the GIL to encode (once or twice) */
+static uint64_t held_records;     /* records such calls named or encoded with the GIL held */
 
 /* Whether a call that takes n records of a ring of cap lets the GIL go (see above). */
 static int
@@ -2547,31 +2740,69 @@ call_result(Fused *f, const rh_cring_api *api, rh_taken *t, Encoded *enc, Py_ssi
  * it names them, encodes them and counts their references with the GIL released, and the
  * program's threads wait for the drain only while it detaches the array (a few stores) and
  * builds the result. Per record nothing is done with the GIL held but what needs Python:
- *   1. without the GIL, name_detached(): each record's names found in the names table, up
- *      to the first it cannot name so (a code never named, a caller's offset to turn into a
- *      line); then, if it named them all, the batches encoded (encode_batch(), reading the
- *      array) and the references counted by slot, the slots emptied (count_detached());
- *   2. otherwise, with the GIL, name_detached_held() names the rest (name_of: Python code,
- *      which cannot reach the array), then 1's encoding and counting without the GIL;
- *   3. with the GIL: the batches left (strings the table lacks), the references dropped by
- *      code (drop_counted()), the array given back to be the next ring's spare.
+ *   1. without the GIL, name_detached(): each record's names found in the names table; a
+ *      record it cannot name so (a code never named, a caller's offset to turn into a line)
+ *      is noted, one for each code or call site it misses (Reps); then, if it named them
+ *      all, the batches encoded (encode_batch(), reading the array; strings the table lacks
+ *      given their indices: "New strings without the GIL") and the references counted by
+ *      slot, the slots emptied (count_detached());
+ *   2. otherwise, with the GIL, name_reps() names the records noted (name_of: Python code,
+ *      which cannot reach the array), then 1 again without the GIL; if that still misses
+ *      some (more than REPS new codes), name_detached_held() names the rest with the GIL
+ *      and 1's encoding and counting follow without it;
+ *   3. with the GIL: the strings given indices added to the table (pend_commit()), the
+ *      batches left encoded, the references dropped by code (drop_counted()), the array
+ *      given back to be the next ring's spare.
  * A record of an unknown type (or a name that is not a str) sends the records to the tuple
  * path (detached_events()), as in encode_ring(). */
 
+/* The records a naming pass without the GIL could not name, one for each code (or call site)
+ * it did not know, in record order: what the GIL is taken to name (name_reps()), rather than
+ * every record from the first one unnamed on. In a program's first rounds most calls meet
+ * codes never named, one among tens of thousands of records (sqlglot's first round: ~0.8 M
+ * records named with the GIL held, ~6 ms of the program's time waiting for it). */
+#define REPS 256
+typedef struct {
+    Py_ssize_t at[REPS]; /* the records, by index among the ones taken */
+    int n;
+    int full;            /* a miss found no room: the pass stopped there */
+    uint64_t keys[2 * REPS]; /* what each missed (open addressing; 0: free) */
+} Reps;
+
+/* Note record i, which missed on key (a code's address, or a call site's key with its low
+ * bit set), unless a record missing on it is noted: 0; 1 no room (reps->full). */
+static int
+reps_note(Reps *reps, uint64_t key, Py_ssize_t i)
+{
+    size_t j = key_hash(key) & (2 * REPS - 1);
+    for (; reps->keys[j] != 0; j = (j + 1) & (2 * REPS - 1))
+        if (reps->keys[j] == key)
+            return 0;
+    if (reps->n == REPS) {
+        reps->full = 1;
+        return 1;
+    }
+    reps->keys[j] = key;
+    reps->at[reps->n++] = i;
+    return 0;
+}
+
 /* The detached records from index lo on, named from the names table alone (no Python code,
  * no dict: without the GIL), their types and slots noted by ring position, and function
- * records' callers' offsets turned into lines from the lines learnt (lines_find()), up to the
- * first one it cannot name so: a code not named yet, or a call site whose line is not learnt
- * (PyCode_Addr2Line reads the caller's monitoring data when it has line events, which the
- * program may be changing: with the GIL). The index of that record (n: all named), or -1 at
- * a record of an unknown type. */
+ * records' callers' offsets turned into lines from the lines learnt (lines_find()). A record
+ * it cannot name so (a code not named yet, or a call site whose line is not learnt:
+ * PyCode_Addr2Line reads the caller's monitoring data when it has line events, which the
+ * program may be changing: with the GIL) is left unnamed and noted in reps, if that missed
+ * on something new, and the pass goes on; with no reps, or no room left in them, it stops
+ * there. The index of the first record left unnamed (n: all named), or -1 at a record of an
+ * unknown type. */
 static PASS Py_ssize_t
-name_detached(Fused *f, Py_ssize_t lo, Py_ssize_t n)
+name_detached(Fused *f, Py_ssize_t lo, Py_ssize_t n, Reps *reps)
 {
     Names *nm = f->names;
     uint8_t *types = f->types; /* (locals: a store through a byte pointer may alias f's) */
     Named *named = f->named;
-    Py_ssize_t i = lo;
+    Py_ssize_t i = lo, first_miss = n;
     Run run[2];
     taken_runs(f, lo, n, run);
     for (int h = 0; h < 2; h++) {
@@ -2582,25 +2813,37 @@ name_detached(Fused *f, Py_ssize_t lo, Py_ssize_t n)
             if (t < RH_FUNCTION || t > RH_FUNCGRAPH_RESUME)
                 return -1;
             int32_t cs = names_find(nm, rec->code), ps = 0;
+            uint64_t miss = 0; /* what it does not know, if anything */
+            if (cs < 0)
+                miss = (uintptr_t)rec->code;
             if (t == RH_FUNCTION) {
                 if (rec->parent != NULL)
                     ps = names_find(nm, rec->parent);
-                if (rec->flags & RH_CALLER_OFFSET) {
+                if (ps < 0 && !miss)
+                    miss = (uintptr_t)rec->parent;
+                if ((rec->flags & RH_CALLER_OFFSET) && !miss) {
                     int32_t line = rec->parent == NULL ? 0 : lines_find(nm, ps, rec->depth);
-                    if (line < 0 || (rec->parent != NULL && ps < 1))
-                        return i;
-                    rec->depth = line; /* (the record is the call's: detached) */
-                    rec->flags &= ~RH_CALLER_OFFSET;
+                    if (line < 0)
+                        miss = line_key(ps, rec->depth) << 1 | 1;
+                    else {
+                        rec->depth = line; /* (the record is the call's: detached) */
+                        rec->flags &= ~RH_CALLER_OFFSET;
+                    }
                 }
             }
-            if (cs < 0 || ps < 0)
-                return i;
+            if (miss) { /* noted for name_reps(), the pass going on, or stopped here */
+                if (first_miss == n)
+                    first_miss = i;
+                if (reps == NULL || reps_note(reps, miss, i))
+                    return first_miss;
+                continue;
+            }
             types[pos] = (uint8_t)t;
             named[pos].slot = cs;
             named[pos].pslot = ps;
         }
     }
-    return n;
+    return first_miss;
 }
 
 /* A code's slot, named now if it was not (name_of: Python code), as name_records() does: the
@@ -2646,6 +2889,19 @@ name_detached_held(Fused *f, Py_ssize_t lo, Py_ssize_t n)
         f->types[pos] = (uint8_t)t;
         f->named[pos].slot = cs;
         f->named[pos].pslot = ps;
+    }
+    return 0;
+}
+
+/* The records reps noted, named with the GIL (name_detached_held(), one each, in record
+ * order): 0, -1 error, 1 decline. */
+static int
+name_reps(Fused *f, const Reps *reps)
+{
+    for (int k = 0; k < reps->n; k++) {
+        int r = name_detached_held(f, reps->at[k], reps->at[k] + 1);
+        if (r != 0)
+            return r;
     }
     return 0;
 }
@@ -2718,6 +2974,7 @@ typedef struct {
     Encoded *enc;
     Py_ssize_t nenc, n;
     Py_ssize_t named; /* records named so far (-1: one of an unknown type) */
+    Reps reps;        /* the records the pass could not name (name_detached()) */
     int counted;      /* count_detached() done */
     rh_rec *ahead[4]; /* the parts of the ring's arrays its writers fill next (ahead_of()) */
     size_t ahead_bytes[4];
@@ -2780,9 +3037,11 @@ detached_released(void *arg)
         d->ahead_bytes[i] = 0;
     }
     if (d->named < d->n) {
-        d->named = name_detached(d->f, d->named, d->n);
+        d->reps.n = d->reps.full = 0;
+        memset(d->reps.keys, 0, sizeof(d->reps.keys));
+        d->named = name_detached(d->f, d->named, d->n, &d->reps);
         if (d->named != d->n)
-            return; /* the rest is named with the GIL (or goes to the tuple path) */
+            return; /* what it missed is named with the GIL (or goes to the tuple path) */
     }
     int left = 0;
     for (Py_ssize_t b = 0; b < d->nenc; b++)
@@ -2942,10 +3201,35 @@ encode_detached(Fused *f, const rh_cring_api *api, const rh_round_api *round, Py
                   .n = n, .lost_before = t.lost_before};
     ahead_of(rg, array, t.n, &d);
     gil_releases++; /* (a call, however many times it lets the GIL go) */
+    if (pend_resolve(f) < 0) {
+        detached_failed(f, api, &t, n);
+        goto failed;
+    }
     run_released(f, round, detached_released, &d);
-    if (d.named >= 0 && d.named < n) {
+    if (d.named >= 0 && d.named < n && !d.reps.full) {
+        /* the codes and call sites it missed, named with the GIL, one record each; then
+         * the rest named (and encoded) without it again */
+        held_records += (uint64_t)d.reps.n;
+        int r = name_reps(f, &d.reps);
+        if (r == 0 && (area_room(sc, &sc->refs, (size_t)f->names->nslots * sizeof(uint64_t)) < 0
+                       || pend_resolve(f) < 0))
+            r = -1;
+        if (r == -1) {
+            detached_failed(f, api, &t, n);
+            goto failed;
+        }
+        if (r == 0) {
+            f->refs = sc->refs.p;
+            run_released(f, round, detached_released, &d);
+        }
+        else
+            d.named = -1;
+    }
+    if (d.named >= 0 && d.named < n) { /* still missing some: the rest named with the GIL */
+        held_records += (uint64_t)(n - d.named);
         int r = name_detached_held(f, d.named, n);
-        if (r == 0 && area_room(sc, &sc->refs, (size_t)f->names->nslots * sizeof(uint64_t)) < 0)
+        if (r == 0 && (area_room(sc, &sc->refs, (size_t)f->names->nslots * sizeof(uint64_t)) < 0
+                       || pend_resolve(f) < 0))
             r = -1;
         if (r == -1) {
             detached_failed(f, api, &t, n);
@@ -2967,6 +3251,8 @@ encode_detached(Fused *f, const rh_cring_api *api, const rh_round_api *round, Py
             d.named = -1;
     }
     if (d.named < 0) { /* the tuple path (no string added; the references still in place) */
+        if (f->nassigned > 0) /* (indices given without the GIL, never added) */
+            names_forget(f->names, table_start);
         PyMem_Free(enc);
         *result = detached_events(f, api, &t, tid);
         PyObject *exc = PyErr_GetRaisedException();
@@ -2975,9 +3261,16 @@ encode_detached(Fused *f, const rh_cring_api *api, const rh_round_api *round, Py
         PyErr_SetRaisedException(exc);
         return 0;
     }
-    for (Py_ssize_t b = 0; b < d.nenc; b++) /* the batches left: strings to add */
-        if (!enc[b].done && encode_batch(f, &enc[b], 1) < 0)
-            break;
+    /* the strings given an index without the GIL, then the batches left: strings to add */
+    if (pend_commit(f) == 0) {
+        for (Py_ssize_t b = 0; b < d.nenc; b++) {
+            if (enc[b].done)
+                continue;
+            held_records += (uint64_t)(enc[b].hi - enc[b].lo);
+            if (encode_batch(f, &enc[b], 1) < 0)
+                break;
+        }
+    }
     if (!d.counted)
         count_detached(f, n);
     drop_counted(f);
@@ -2989,6 +3282,8 @@ encode_detached(Fused *f, const rh_cring_api *api, const rh_round_api *round, Py
 
 failed: {
     PyMem_Free(enc);
+    if (f->nassigned > 0) /* (indices given without the GIL, never added) */
+        names_forget(f->names, table_start);
     PyObject *exc = PyErr_GetRaisedException();
     names_release(f); /* may run Python code */
     scratch_done(sc, local);
@@ -3245,12 +3540,14 @@ free_scratch(PyObject *module, PyObject *Py_UNUSED(ignored))
 }
 
 PyDoc_STRVAR(nogil_doc,
-"_nogil([mode]) -> (mode, releases)\n\
+"_nogil([mode]) -> (mode, releases, held)\n\
 \n\
 For tests and measurements: when encode_ring() releases the GIL. mode 0: never;\n\
 1: the policy (a call of 4096 records or more, from a ring at most half full);\n\
-2: every call that takes records. Returns the mode before the call and how many\n\
-calls have released the GIL since the import.");
+2: every call that takes records. Returns the mode before the call, how many\n\
+calls have released the GIL since the import, and how many records such calls\n\
+named or encoded with it held all the same (codes never named, strings the table\n\
+lacks).");
 
 static PyObject *
 tfenc_nogil(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
@@ -3271,7 +3568,8 @@ tfenc_nogil(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         }
         gil_mode = (int)m;
     }
-    return Py_BuildValue("(iK)", old, (unsigned long long)gil_releases);
+    return Py_BuildValue("(iKK)", old, (unsigned long long)gil_releases,
+                         (unsigned long long)held_records);
 }
 
 static PyMethodDef methods[] = {
