@@ -35,9 +35,11 @@ STDLIB_LATER = ("platform", "tempfile", "subprocess", "traceback", "dataclasses"
 #: Standard modules a plain ``record`` does not load unless the program does (each ~0.3-1 ms
 #: that most programs, and trace0, never pay: contextlib alone is ~3.6 M instructions).
 #: _posixsubprocess is wrapped as the program imports it (follow.install); signal's enums are
-#: left to programs that use them (rethook's handlers use _signal).
+#: left to programs that use them (rethook's handlers use _signal). json imports re, which
+#: imports enum and functools: ~10 ms together, for a program that imports none of them
+#: (rethook.jsontext writes JSON without them; globs compile regexes when they need one).
 STDLIB_UNUSED = ("contextlib", "heapq", "bisect", "importlib.util", "_posixsubprocess",
-                 "signal")
+                 "signal", "json", "re", "enum", "functools")
 #: The probe machinery, which a ``-e`` definition loads.
 PROBES = ("rethook.probes.events", "rethook.probes.fetch", "rethook.probes.evfilter")
 

@@ -18,7 +18,6 @@ This module imports nothing of rethook's: every layer may use it.
 from __future__ import annotations
 
 import os
-import re
 
 U64_MAX = (1 << 64) - 1
 S64_MIN = -(1 << 63)
@@ -86,16 +85,14 @@ class NumberError(ValueError):
     """Text that is not an integer in its range; the message says which of the two."""
 
 
-_INTEGER = re.compile(r"[+-]?[0-9]+")
-
-
 def checked_int(text: str, bounds: tuple[int, int]) -> int:
     """The decimal integer ``text`` holds, which must lie within ``bounds``; raises
     :class:`NumberError` saying what is wrong (not an integer, or out of range)."""
     value = parse_int(text, *bounds)
     if value is None:
         word = text.strip()
-        if _INTEGER.fullmatch(word):
+        digits = word[1:] if word[:1] in "+-" else word
+        if digits and all(c in _DIGITS[10] for c in digits):
             raise NumberError(f"{shown(word)} is out of range ({range_text(*bounds)})")
         raise NumberError(f"expected an integer, got {shown(word)}")
     return value

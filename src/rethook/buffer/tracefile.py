@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import _thread
 import io
-import json
 import os
 import stat
 import struct
@@ -28,6 +27,7 @@ from array import array
 from itertools import accumulate, chain, compress, islice, repeat, zip_longest
 from operator import eq, itemgetter, sub
 
+from rethook import jsontext
 from rethook.buffer.events import (
     COMMON_COUNT,
     FIELD_TYPES,
@@ -377,7 +377,7 @@ class TraceWriter:
             if tag == TAG_END:
                 complete = True
         info.setdefault("complete", complete)
-        self._chunk(TAG_PROC, json.dumps(info, default=str).encode())
+        self._chunk(TAG_PROC, jsontext.dumps(info, default=str).encode())
         for tag, raw in chunks:
             if tag == TAG_END:
                 break
@@ -698,7 +698,7 @@ class TraceWriter:
                     into[key] = into.get(key, 0) + value
         self._flush_definitions()
         body = {str(tid): counts for tid, counts in table.items()}
-        self._chunk(TAG_STATS, json.dumps(body, sort_keys=True).encode())
+        self._chunk(TAG_STATS, jsontext.dumps(body, sort_keys=True).encode())
 
     def _flush_definitions(self) -> None:
         if self._new_meta:
@@ -731,7 +731,8 @@ class TraceWriter:
 
     @staticmethod
     def _meta_payload(meta: Mapping[str, Any]) -> bytes:
-        return json.dumps(meta, default=str, ensure_ascii=False).encode("utf-8", "surrogatepass")
+        return jsontext.dumps(meta, default=str, ensure_ascii=False).encode("utf-8",
+                                                                          "surrogatepass")
 
     def _chunk(self, tag: bytes, payload: bytes, crc: int | None = None) -> None:
         """Write a chunk (``crc``: of its head and payload, when the caller has it)."""
@@ -1394,6 +1395,8 @@ class TraceReader:
 def _apply_chunk(state: _State, tag: bytes, payload: memoryview) -> None:
     """Take in a definition chunk (anything but events and Lost markers); other tags are
     chunks added by later minor versions, skipped. Raises on a chunk that breaks a rule."""
+    import json  # (the readers'; writing needs none: jsontext)
+
     if tag == TAG_META:
         meta = json.loads(bytes(payload).decode("utf-8", "surrogatepass"))
         if not isinstance(meta, dict):

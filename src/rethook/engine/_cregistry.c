@@ -8,11 +8,12 @@
  * anonymous): ``setup()`` hands them over once, and tests/test_registry.py checks that both
  * give the same names, kinds and order.
  *
- *   setup(kinds, anonymous, info_type, fields, partial)
+ *   setup(kinds, anonymous, info_type, fields, keyed_ref)
  *       kinds: the 10 kind names in KIND_* order; anonymous: the frozenset of anonymous leaf
  *       names; info_type: FunctionInfo; fields: its 8 slot descriptors in _FunctionFields
- *       order; partial: functools.partial (a body's weak reference callback)
- *   collect(code, module, qualname, entries, by_id, register_top, order, bodies) -> order
+ *       order; keyed_ref: weakref.KeyedRef (a body's weak reference)
+ *   collect(code, module, qualname, entries, by_id, register_top, order, bodies, drop)
+ *       -> order
  *       registry._collect: code and its unknown nested code into the batch ``entries``
  *   commit(entries, by_id, taken, column) -> list of new FunctionInfo
  *       registry._name_batch and _name_apart (column: registry._column, asked only when
@@ -51,9 +52,9 @@ static PyObject *kinds[N_KINDS];
 static PyObject *anonymous;  /* frozenset of str */
 static PyTypeObject *info_type;
 static PyObject *fields[N_FIELDS];
-static PyObject *partial;
+static PyObject *keyed_ref;
 static PyObject *s_wrapped, *s_func, *s_fget, *s_fset, *s_fdel, *s_module, *s_name,
-    *s_dot, *s_lambda, *s_genexpr, *s_listcomp, *s_setcomp, *s_dictcomp, *s_generic, *s_pop,
+    *s_dot, *s_lambda, *s_genexpr, *s_listcomp, *s_setcomp, *s_dictcomp, *s_generic,
     *s_module_body, *s_empty;
 
 static int
@@ -96,7 +97,7 @@ kind_of(PyCodeObject *c)
 static PyObject *
 setup(PyObject *self, PyObject *args)
 {
-    PyObject *k, *anon, *type, *f, *part;
+    PyObject *k, *anon, *type, *f, *part;  /* (part: keyed_ref) */
     if (!PyArg_ParseTuple(args, "O!O!O!O!O", &PyTuple_Type, &k, &PyFrozenSet_Type, &anon,
                           &PyType_Type, &type, &PyTuple_Type, &f, &part))
         return NULL;
@@ -118,7 +119,7 @@ setup(PyObject *self, PyObject *args)
         Py_XSETREF(fields[i], Py_NewRef(PyTuple_GET_ITEM(f, i)));
     Py_XSETREF(anonymous, Py_NewRef(anon));
     Py_XSETREF(info_type, (PyTypeObject *)Py_NewRef(type));
-    Py_XSETREF(partial, Py_NewRef(part));
+    Py_XSETREF(keyed_ref, Py_NewRef(part));
     Py_RETURN_NONE;
 }
 
@@ -166,22 +167,14 @@ pending_clear(Pending *p)
     Py_XDECREF(p->rename_new);
 }
 
-/* registry._remember_body: bodies[key] = weakref(code, partial(bodies.pop, key)) */
+/* registry._remember_body: bodies[key] = KeyedRef(code, drop, key) */
 static int
-remember_body(PyObject *bodies, PyObject *code, PyObject *key)
+remember_body(PyObject *bodies, PyObject *drop, PyObject *code, PyObject *key)
 {
     int has = PyDict_Contains(bodies, key);
     if (has != 0)
         return has < 0 ? -1 : 0;
-    PyObject *pop = PyObject_GetAttr(bodies, s_pop);
-    if (pop == NULL)
-        return -1;
-    PyObject *cb = PyObject_CallFunctionObjArgs(partial, pop, key, NULL);
-    Py_DECREF(pop);
-    if (cb == NULL)
-        return -1;
-    PyObject *ref = PyWeakref_NewRef(code, cb);
-    Py_DECREF(cb);
+    PyObject *ref = PyObject_CallFunctionObjArgs(keyed_ref, code, drop, key, NULL);
     if (ref == NULL)
         return -1;
     int rc = PyDict_SetItem(bodies, key, ref);
@@ -221,12 +214,12 @@ renamed(PyObject *cq, PyObject *old, PyObject *new)
 static PyObject *
 collect(PyObject *self, PyObject *args)
 {
-    PyObject *code, *module, *qualname, *entries, *by_id, *bodies;
+    PyObject *code, *module, *qualname, *entries, *by_id, *bodies, *drop;
     int register_top;
     Py_ssize_t order;
-    if (!PyArg_ParseTuple(args, "O!UOO!O!pnO!", &PyCode_Type, &code, &module, &qualname,
+    if (!PyArg_ParseTuple(args, "O!UOO!O!pnO!O", &PyCode_Type, &code, &module, &qualname,
                           &PyDict_Type, &entries, &PyDict_Type, &by_id, &register_top, &order,
-                          &PyDict_Type, &bodies))
+                          &PyDict_Type, &bodies, &drop))
         return NULL;
     if (!ready())
         return NULL;
@@ -270,7 +263,7 @@ collect(PyObject *self, PyObject *args)
             Py_XDECREF(e);
         }
         else {
-            failed = remember_body(bodies, p.code, p.key) < 0;
+            failed = remember_body(bodies, drop, p.code, p.key) < 0;
         }
         /* the children's renaming: this code's, if its qualname was changed */
         PyObject *old = p.rename_old, *new = p.rename_new;
@@ -774,10 +767,10 @@ PyInit__cregistry(void)
 {
     PyObject **strs[] = {&s_wrapped, &s_func, &s_fget, &s_fset, &s_fdel, &s_module, &s_name,
                          &s_dot, &s_lambda, &s_genexpr, &s_listcomp, &s_setcomp, &s_dictcomp,
-                         &s_generic, &s_pop, &s_module_body, &s_empty};
+                         &s_generic, &s_module_body, &s_empty};
     const char *text[] = {"__wrapped__", "__func__", "fget", "fset", "fdel", "__module__",
                           "__name__", ".", "<lambda>", "<genexpr>", "<listcomp>", "<setcomp>",
-                          "<dictcomp>", "<generic parameters of ", "pop", "<module>", ""};
+                          "<dictcomp>", "<generic parameters of ", "<module>", ""};
     for (size_t i = 0; i < sizeof strs / sizeof *strs; i++) {
         if (*strs[i] == NULL && (*strs[i] = PyUnicode_InternFromString(text[i])) == NULL)
             return NULL;

@@ -26,7 +26,6 @@ Globs are compiled once per write; :meth:`FunctionFilter.matches` only runs the 
 
 from __future__ import annotations
 
-import re
 import sys
 import threading
 import weakref
@@ -44,7 +43,8 @@ from rethook.frozen import Frozen, Row
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
+    import re
+    from collections.abc import Callable, Iterable, Iterator
 
     from rethook.engine.registry import Scope
 
@@ -71,8 +71,6 @@ COMMANDS: dict[str, int] = {
 _GLOB_CHARS = frozenset("*?[")
 _FILTER_EMPTY = "#### all functions enabled ####"
 _NOTRACE_EMPTY = "#### no functions disabled ####"
-# A word, or a comment: '#' at the start of a word up to the end of the line.
-_TOKEN = re.compile(r"(?:(?<=\s)|^)#[^\n]*|\S+")
 
 
 class FilterError(ValueError):
@@ -174,12 +172,16 @@ def compile_glob(glob: str, text: str = "", position: int = 0) -> re.Pattern[str
     """Translate an ftrace glob (``*``, ``?``, ``[...]`` with ``!``/``^`` negation) to a regex
     (use ``fullmatch``). ``text`` and ``position`` (where ``glob`` starts in it) locate errors.
     """
+    import re  # (re is imported where a glob needs it: it costs ~7 ms of every start-up)
+
     return re.compile(_glob_regex(glob, text, position), re.DOTALL)
 
 
 def _glob_regex(glob: str, text: str = "", position: int = 0) -> str:
     """The regex source of a glob. Negated classes never match a tab or newline (names hold
     neither), so the source also works line by line on the search index."""
+    import re
+
     out: list[str] = []
     i, n = 0, len(glob)
     while i < n:
@@ -221,6 +223,13 @@ def _glob_regex(glob: str, text: str = "", position: int = 0) -> str:
     return "".join(out)
 
 
+def _check_glob(glob: str, text: str, position: int) -> None:
+    """Raise FilterError if ``glob`` is not one (a bad ``[...]`` class): compile_glob()'s
+    checks, made only where a class may need them (most globs have none)."""
+    if "[" in glob:
+        compile_glob(glob, text, position)
+
+
 def _parse_count(word: str, text: str, pos: int) -> int | None:
     if word == "unlimited":
         return None
@@ -248,7 +257,7 @@ def _parse_word(word: str, start: int, text: str) -> Pattern | FilterCommand:
     if not glob:
         what = "':mod:'" if len(fields) > 1 and fields[1][0] == "mod" else "':'"
         raise FilterError(f"missing function glob before {what}", text, body_start)
-    compile_glob(glob, text, body_start)
+    _check_glob(glob, text, body_start)
     module: str | None = None
     i = 1
     if len(fields) > 1 and fields[1][0] == "mod":
@@ -256,7 +265,7 @@ def _parse_word(word: str, start: int, text: str) -> Pattern | FilterCommand:
             at = fields[2][1] if len(fields) >= 3 else start + len(word)
             raise FilterError("missing module name after ':mod:'", text, at)
         module, mod_pos = fields[2]
-        compile_glob(module, text, mod_pos)
+        _check_glob(module, text, mod_pos)
         i = 3
     if i == len(fields):
         return Pattern(glob, module, remove, start)
@@ -285,12 +294,24 @@ def _parse_word(word: str, start: int, text: str) -> Pattern | FilterCommand:
 def parse_filter_text(text: str) -> list[Pattern | FilterCommand]:
     """Parse one write into patterns and commands (syntax only; nothing is resolved)."""
     items: list[Pattern | FilterCommand] = []
-    for m in _TOKEN.finditer(text):
-        word = m.group()
-        if word.startswith("#"):
-            continue
-        items.append(_parse_word(word, m.start(), text))
+    for word, start in _words(text):
+        items.append(_parse_word(word, start, text))
     return items
+
+
+def _words(text: str) -> Iterator[tuple[str, int]]:
+    """The words of a write and where each starts, without its comments: a word that starts
+    with '#' and the rest of its line."""
+    line_start = 0
+    for line in text.split("\n"):
+        pos = 0
+        for word in line.split():
+            pos = line.find(word, pos)
+            if word.startswith("#"):
+                break
+            yield word, line_start + pos
+            pos += len(word)
+        line_start += len(line) + 1
 
 
 # --- matching ------------------------------------------------------------------------------------
@@ -330,8 +351,11 @@ class _GlobSet:
         self.prefixes = tuple(prefixes)
         self.suffixes = tuple(suffixes)
         self.middles = tuple(middles)
-        self.regex = re.compile("|".join(f"(?:{r})" for r in regexes), re.DOTALL) \
-            if regexes else None
+        self.regex = None
+        if regexes:
+            import re
+
+            self.regex = re.compile("|".join(f"(?:{r})" for r in regexes), re.DOTALL)
 
     def hit(self, keys: tuple[str, ...]) -> bool:
         exact, prefixes, suffixes, middles, regex = (
@@ -659,6 +683,8 @@ class _Index:
     @staticmethod
     def regex(p: Pattern) -> re.Pattern[str]:
         # Regexes that start with literal characters let the engine skip to candidate lines.
+        import re
+
         glob = _glob_regex(p.glob)
         if p.module is None:
             return re.compile(f"\t(?:{glob})(?=\n)")
@@ -671,6 +697,10 @@ class _Index:
     def any(self, p: Pattern) -> bool:
         if p.module is None and not _has_glob(p.glob):
             return p.glob in self.by_key
+        module = _pattern_module(p)
+        if p.glob == "*" and module is not None:  # a module's every function (the default
+            # filter's '*:mod:__main__'): a line of it or of a submodule, no regex needed
+            return f"\n{module}\t" in self.text or f"\n{module}." in self.text
         return self.regex(p).search(self.text) is not None
 
     def hits(self, p: Pattern) -> list[FunctionInfo]:

@@ -62,7 +62,6 @@ Names (see docs/functions.md) are ``module.qualname`` and never change once hand
 
 from __future__ import annotations
 
-import functools
 import gc
 import os
 import sys
@@ -242,7 +241,7 @@ def _load_c() -> Any:
         return None
     _cregistry.setup(_C_KINDS, _ANONYMOUS, FunctionInfo,
                      tuple(_FunctionFields.__dict__[n] for n in _FunctionFields.__slots__),
-                     functools.partial)
+                     weakref.KeyedRef)
     return _cregistry
 
 
@@ -345,6 +344,8 @@ class Registry:
         # module and class bodies _collect walked (their nested code registered): discover()
         # answers them at once (sqlglot runs ~1,200 class bodies as it is imported); weak
         self._bodies: dict[int, weakref.ref[CodeType]] = {}
+        bodies = self._bodies
+        self._drop_body = lambda ref: bodies.pop(ref.key, None)  # (a KeyedRef's callback)
         self._added_modules: set[str] = set()  # modules registered by add_code
         # module name -> (code compiled ahead, its file, the file's stamp then)
         self._prepared: dict[str, tuple[CodeType, str, tuple[int, int] | None]] = {}
@@ -669,9 +670,7 @@ class Registry:
         """Note a module or class body whose nested code is registered (``key``: its id)."""
         if key in self._bodies:
             return
-        bodies = self._bodies
-        # (the callback gets the dead reference: pop's default, unused)
-        bodies[key] = weakref.ref(code, functools.partial(bodies.pop, key))
+        self._bodies[key] = weakref.KeyedRef(code, self._drop_body, key)
 
     def _notify(self, new: list[FunctionInfo]) -> None:
         if not new:
@@ -857,7 +856,7 @@ class Registry:
         """
         if _c is not None:
             self._order = _c.collect(code, module, qualname, entries, self._by_id,
-                                     register_top, self._order, self._bodies)
+                                     register_top, self._order, self._bodies, self._drop_body)
             return
         by_id = self._by_id
         order = self._order

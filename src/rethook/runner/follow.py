@@ -30,13 +30,12 @@ first process is killed, they stay readable in the run's directory.
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import sys
 import threading
 import types
 
+from rethook import jsontext
 from rethook.buffer.tracefile import TAG_END, TraceTail, TraceWriter, iter_chunks
 from rethook.engine.registry import find_spec_after
 from rethook.runner.settings import TraceSettings
@@ -60,7 +59,6 @@ _HELPERS = {"multiprocessing.forkserver": FORK_SERVER,
 
 _SETTINGS = "settings.json"
 _LEDGER = "started"
-_PYTHON_NAME = re.compile(r"python[0-9.]*(d|m|u)*(\.exe)?$")
 
 
 class Follow:
@@ -93,6 +91,8 @@ class Follow:
 
     @classmethod
     def load(cls, rundir: str) -> Follow:
+        import json  # (a child's start-up: the reader's; jsontext writes)
+
         with open(os.path.join(rundir, _SETTINGS), encoding="utf-8") as f:
             data = json.load(f)
         settings = TraceSettings.from_json(json.dumps(data["settings"]))
@@ -114,8 +114,8 @@ class Follow:
         path = os.path.join(self.rundir, _SETTINGS)
         part = f"{path}.{os.getpid()}"
         with open(part, "w", encoding="utf-8") as f:
-            json.dump({"mode": self.mode, "settings": json.loads(self.settings.to_json()),
-                       "root": self.root, "temporary": self.temporary}, f)
+            f.write(jsontext.dumps({"mode": self.mode, "settings": self.settings.as_dict(),
+                                    "root": self.root, "temporary": self.temporary}))
         os.replace(part, path)
         self._made = True
 
@@ -145,7 +145,7 @@ class Follow:
 
     def note_started(self, pid: int, how: str, executable: str, argv: list[str]) -> None:
         """Add a started program to the ledger (one short line: an atomic append)."""
-        line = json.dumps({"pid": pid, "parent": os.getpid(), "how": how,
+        line = jsontext.dumps({"pid": pid, "parent": os.getpid(), "how": how,
                            "executable": executable, "argv": argv[:8]}) + "\n"
         try:
             self.make()
@@ -204,6 +204,8 @@ class Follow:
         out = []
         for name in sorted(self._names()):
             if name.endswith(".profile"):
+                import json  # (only if there are some: see jsontext)
+
                 try:
                     with open(os.path.join(self.rundir, name), encoding="utf-8") as f:
                         data = json.load(f)
@@ -238,6 +240,8 @@ class Follow:
         if not self.rundir:
             return entries
         text = _read(os.path.join(self.rundir, _LEDGER))
+        if text:
+            import json  # (only if programs were started: see jsontext)
         for line in text.splitlines():
             try:
                 entries.append(json.loads(line))
@@ -577,13 +581,21 @@ def _note(rundir: str, suffix: str, text: str) -> None:
 # --- small helpers -----------------------------------------------------------------------------
 def is_python(executable: str) -> bool:
     """Whether a program looks like a Python interpreter (by name, or this one)."""
-    base = os.path.basename(executable)
-    if _PYTHON_NAME.match(base):
+    if _is_python_name(os.path.basename(executable)):
         return True
     try:
         return os.path.realpath(executable) == os.path.realpath(sys.executable)
     except (OSError, ValueError):
         return False
+
+
+def _is_python_name(base: str) -> bool:
+    """``python``, a version (``python3.12``), ABI letters (``python3.13d``), ``.exe``."""
+    if not base.startswith("python"):
+        return False
+    rest = base[len("python"):].removesuffix(".exe")
+    version = len(rest) - len(rest.lstrip("0123456789."))
+    return all(c in "dmu" for c in rest[version:])
 
 
 def _why_untraced(executable: str, argv: list[str]) -> str:
@@ -606,6 +618,8 @@ def _first_meta(path: str) -> dict[str, Any]:
     meta: dict[str, Any] = {}
     for tag, raw in iter_chunks(path):
         if tag == b"META":
+            import json  # (a child's trace, at the end: see jsontext)
+
             try:
                 meta.update(json.loads(raw[8:-4].decode("utf-8", "surrogatepass")))
             except ValueError:

@@ -10,7 +10,6 @@ is counted and written), :class:`Streamer` prints events live (``rethook stream`
 from __future__ import annotations
 
 import errno
-import json
 import os
 import stat
 import sys
@@ -18,6 +17,7 @@ import time
 import types
 
 import rethook
+from rethook import jsontext
 from rethook.buffer.tracefile import DEFAULT_BATCH_EVENTS, TraceWriter, events_in_file
 from rethook.control.hidden import HiddenThread, hush_fork_warning, unhush_fork_warning
 from rethook.control.tracefs import Tracefs
@@ -477,7 +477,7 @@ class ProfileObserver(Observer):
         add_stats(table, self._baseline, -1)
         rows = [stat_row(st) for st in table.values() if st.hit]
         with open(self.save, "w", encoding="utf-8") as f:
-            json.dump({"pid": os.getpid(), "argv": sys.argv, "rows": rows}, f)
+            f.write(jsontext.dumps({"pid": os.getpid(), "argv": sys.argv, "rows": rows}))
 
     def report(self, fs: Tracefs, abrupt: bool) -> None:
         if self.save is not None or self.show is None:

@@ -8,10 +8,9 @@ filter the parent resolved: a child traces what its parent traces.
 
 from __future__ import annotations
 
-import json
-import re
 import sys
 
+from rethook import jsontext
 from rethook.control.tracefs import Tracefs
 from rethook.runner.program import Program, prepare_package
 
@@ -62,27 +61,30 @@ class TraceSettings:
         # --blocking-timeout: how long the program may wait for record's drain (None, 0: never)
         self.blocking_ms = blocking_ms
 
-    def _as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, Any]:
+        """Every field by name (the values themselves)."""
         return {name: getattr(self, name) for name in self.FIELDS}
 
     def __eq__(self, other: object) -> bool:
         if other.__class__ is not self.__class__:
             return NotImplemented
-        return self._as_dict() == other._as_dict()  # type: ignore[attr-defined]
+        return self.as_dict() == other.as_dict()  # type: ignore[attr-defined]
 
     def __repr__(self) -> str:
-        fields = ", ".join(f"{name}={value!r}" for name, value in self._as_dict().items())
+        fields = ", ".join(f"{name}={value!r}" for name, value in self.as_dict().items())
         return f"{type(self).__qualname__}({fields})"
 
     def replace(self, **changes: Any) -> TraceSettings:
         """A new TraceSettings with ``changes`` (the others the same objects, not copies)."""
-        return type(self)(**{**self._as_dict(), **changes})
+        return type(self)(**{**self.as_dict(), **changes})
 
     def to_json(self) -> str:
-        return json.dumps(self._as_dict())
+        return jsontext.dumps(self.as_dict())
 
     @classmethod
     def from_json(cls, text: str) -> TraceSettings:
+        import json  # (a child's start-up reads it: jsontext has no reader)
+
         data: dict[str, Any] = json.loads(text)
         return cls(**{k: v for k, v in data.items() if k in cls.FIELDS})
 
@@ -94,6 +96,16 @@ class SettingError(ValueError):
         self.flag = flag
         self.value = value
         super().__init__(f"{flag} {value!r}: {message}")
+
+
+def _without_timestamp(message: str) -> str:
+    """An error_log line's message without its "[ timestamp] " (which says nothing about the
+    flag)."""
+    end = message.find("] ")
+    stamp = message[1:end].lstrip(" ") if message.startswith("[") and end > 0 else ""
+    if stamp and all(c.isdigit() or c == "." for c in stamp):
+        return message[end + 2:]
+    return message
 
 
 def default_filter(program: Program) -> list[str]:
@@ -117,7 +129,7 @@ def configure(fs: Tracefs, settings: TraceSettings, program: Program | None,
             fs.write(path, text, append=append)
         except TracefsError as e:
             # "PATH: " and error_log's "[timestamp] " say nothing about the flag
-            message = re.sub(r"^\[ *[\d.]+\] ", "", str(e).removeprefix(f"{path}: "))
+            message = _without_timestamp(str(e).removeprefix(f"{path}: "))
             if refused is None:
                 raise SettingError(flag, value, message) from None
             refused.append(SettingError(flag, value, message))
