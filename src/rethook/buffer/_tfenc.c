@@ -2172,34 +2172,14 @@ pend_commit(Fused *f)
     return 0;
 }
 
-/* name_column() without the GIL (pend_index()): 0, 1 a string not known (left). */
-static int
-name_column_released(Fused *f, const Run run[2], Columns *cs, int t, int c, Py_ssize_t *added)
-{
-    const int src = LAYOUT[t][c];
-    uint64_t *v = cs->col[t][c], o = 0, a = UINT64_MAX;
-    for (int h = 0; h < 2; h++) {
-        for (uint64_t pos = run[h].pos, end = pos + (uint64_t)run[h].len; pos < end; pos++) {
-            if (f->types[pos] != t)
-                continue;
-            const Named nm = f->named[pos];
-            if (pend_index(f, src == S_PARENT ? nm.pslot : nm.slot, v, added))
-                return 1;
-            o |= *v;
-            a &= *v++;
-        }
-    }
-    cs->orv[t][c] = o;
-    cs->andv[t][c] = a;
-    return 0;
-}
-
 /* The string column c of group t again, its names' indices not all known when the hot loop
  * read them: each record's slot (src: S_CODE the code's, S_PARENT the parent's) looked up or
  * its string added (slot_index()), in record order, the order _encode_strings adds them in;
- * the column's orv and andv again. 0, -1 error. Holds the GIL. */
+ * or, without the GIL (not held), given its pending string's index (pend_index(), counted in
+ * *added); the column's orv and andv again. 0; -1 error; 1 a string not known without the
+ * GIL (the batch is left). */
 static int
-name_column(Fused *f, const Run run[2], Columns *cs, int t, int c)
+name_column(Fused *f, const Run run[2], Columns *cs, int t, int c, int held, Py_ssize_t *added)
 {
     const int src = LAYOUT[t][c];
     uint64_t *v = cs->col[t][c], o = 0, a = UINT64_MAX;
@@ -2208,8 +2188,10 @@ name_column(Fused *f, const Run run[2], Columns *cs, int t, int c)
             if (f->types[pos] != t)
                 continue;
             const Named nm = f->named[pos];
-            if (slot_index(f, src == S_PARENT ? nm.pslot : nm.slot, v) < 0)
-                return -1;
+            const int32_t slot = src == S_PARENT ? nm.pslot : nm.slot;
+            const int r = held ? slot_index(f, slot, v) : pend_index(f, slot, v, added);
+            if (r != 0)
+                return r;
             o |= *v;
             a &= *v++;
         }
@@ -2332,7 +2314,7 @@ encode_batch(Fused *f, Encoded *e, int held)
             uint64_t unused;
             if (!held) { /* the pending strings (see "New strings without the GIL") */
                 if (src == S_EMPTY ? pend_index(f, 0, &unused, &added)
-                                   : name_column_released(f, run, &cs, t, c, &added)) {
+                                   : name_column(f, run, &cs, t, c, 0, &added)) {
                     e->added = added; /* (those given an index: pend_commit() adds them) */
                     f->pend_closed = 1;
                     return 1;
@@ -2340,7 +2322,7 @@ encode_batch(Fused *f, Encoded *e, int held)
                 continue;
             }
             if (src == S_EMPTY ? slot_index(f, 0, &unused) < 0
-                               : name_column(f, run, &cs, t, c) < 0)
+                               : name_column(f, run, &cs, t, c, 1, &added) < 0)
                 return -1;
         }
     }

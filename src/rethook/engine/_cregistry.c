@@ -407,26 +407,18 @@ publish(PyObject *e, PyObject *base, PyObject *suffix, PyObject *by_id, PyObject
 
 typedef struct {
     int line;
-    long column;       /* (only when several share the line) */
+    long key;          /* what it is sorted by: its line, then its column among its line's */
     Py_ssize_t order;  /* the entry's order in the batch */
     PyObject *e;       /* borrowed from members */
 } Member;
 
+/* By key, then by the batch's order */
 static int
-by_line(const void *a, const void *b)
+by_key(const void *a, const void *b)
 {
     const Member *x = a, *y = b;
-    if (x->line != y->line)
-        return x->line < y->line ? -1 : 1;
-    return x->order < y->order ? -1 : x->order > y->order;
-}
-
-static int
-by_column(const void *a, const void *b)
-{
-    const Member *x = a, *y = b;
-    if (x->column != y->column)
-        return x->column < y->column ? -1 : 1;
+    if (x->key != y->key)
+        return x->key < y->key ? -1 : 1;
     return x->order < y->order ? -1 : x->order > y->order;
 }
 
@@ -450,10 +442,10 @@ name_apart(PyObject *base, PyObject *members, PyObject *by_id, PyObject *taken,
             PyMem_Free(m);
             return -1;
         }
-        m[i] = (Member){((PyCodeObject *)PyTuple_GET_ITEM(e, E_CODE))->co_firstlineno, 0, order,
-                        e};
+        const int line = ((PyCodeObject *)PyTuple_GET_ITEM(e, E_CODE))->co_firstlineno;
+        m[i] = (Member){line, line, order, e};
     }
-    qsort(m, n, sizeof(Member), by_line);
+    qsort(m, n, sizeof(Member), by_key);
     int rc = 0;
     for (Py_ssize_t i = 0, j; i < n && rc == 0; i = j) {
         for (j = i + 1; j < n && m[j].line == m[i].line; j++)
@@ -476,13 +468,13 @@ name_apart(PyObject *base, PyObject *members, PyObject *by_id, PyObject *taken,
         else {  /* several on one line: in source order */
             for (Py_ssize_t k = i; k < j && rc == 0; k++) {
                 PyObject *col = PyObject_CallOneArg(column, PyTuple_GET_ITEM(m[k].e, E_CODE));
-                m[k].column = col ? PyLong_AsLong(col) : -1;
-                if (col == NULL || (m[k].column == -1 && PyErr_Occurred()))
+                m[k].key = col ? PyLong_AsLong(col) : -1;
+                if (col == NULL || (m[k].key == -1 && PyErr_Occurred()))
                     rc = -1;
                 Py_XDECREF(col);
             }
             if (rc == 0)
-                qsort(m + i, j - i, sizeof(Member), by_column);
+                qsort(m + i, j - i, sizeof(Member), by_key);
         }
         for (Py_ssize_t k = i, num = 1; k < j && rc == 0 && !free_line; k++, num++) {
             PyObject *suffix = NULL, *name = NULL;
