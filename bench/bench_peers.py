@@ -204,13 +204,16 @@ def run_once(tool: str, w: Workload, work: Path) -> Run:
     return r
 
 
-def _read_marks(path: Path) -> list[tuple[str, float]]:
+def _read_marks(path: Path, field: int = 1) -> list[tuple[str, float]]:
+    """``(name, value)`` of each mark (_marks.py): field 1 its wall time, 2 the marking
+    thread's CPU time."""
     if not path.exists():
         return []
     marks = []
     for line in path.read_text().splitlines():
-        name, _, t = line.partition(" ")
-        marks.append((name, float(t)))  # the last "end" wins (benchmarks may run several)
+        fields = line.split()
+        if len(fields) > field:  # the last "end" wins (benchmarks may run several)
+            marks.append((fields[0], float(fields[field])))
     return marks
 
 

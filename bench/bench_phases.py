@@ -9,7 +9,9 @@ run splits into: start (spawn to the first line: the interpreter and the tool), 
 (every module the tool registers or names as it loads), the first round (which imports the
 dialects and makes ~3.5x a later round's calls: the first call of most functions), a later
 round (the steady state: calls only), and finish (the last line to exit: the trace file's
-end). Each phase is shown with what the tool adds to the untraced run's.
+end). Each phase is shown with what the tool adds to the untraced run's. A second table
+shows the program's main thread in the phases it runs: its CPU time, and how long it waited
+(the wall time minus that: for the GIL, which a tool's drain thread may hold, or blocked).
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from bench_peers import BIN, PROGRAMS, SUFFIX, Workload, _env, _read_marks, comm
 
 PROGRAM = PROGRAMS / "sqlglot_transpile.py"
 PHASES = ("start", "import", "first round", "later round", "finish", "whole")
+#: The phases the program's main thread runs, whose CPU time the marks give
+RUN_PHASES = ("import", "first round", "later round")
 
 
 def commands(work: Path, rounds: int) -> dict[str, list[str]]:
@@ -38,8 +42,19 @@ def commands(work: Path, rounds: int) -> dict[str, list[str]]:
     return {tool: command(tool, w, work / f"out{SUFFIX[tool]}") for tool in tools}
 
 
+def _split(marks: list[tuple[str, float]]) -> dict[str, float]:
+    """The program's phases between its marks (import, first round, a later round)."""
+    times: dict[str, list[float]] = {}
+    for name, t in marks:
+        times.setdefault(name, []).append(t)
+    start, imported, rounds = times["start"][0], times["imported"][0], times["round"]
+    later = [b - a for a, b in zip(rounds, rounds[1:], strict=False)]
+    return {"import": imported - start, "first round": rounds[0] - imported,
+            "later round": statistics.median(later) if later else float("nan")}
+
+
 def run(cmd: list[str], marks: Path) -> dict[str, float]:
-    """One run's phases, in seconds."""
+    """One run's phases, in seconds; ``cpu PHASE``: the main thread's CPU time in it."""
     if marks.exists():
         marks.unlink()
     env = _env(PROGRAM, marks)
@@ -49,16 +64,12 @@ def run(cmd: list[str], marks: Path) -> dict[str, float]:
     t1 = time.time()
     if proc.returncode != 0:
         sys.exit(f"bench_phases: {' '.join(cmd)} failed:\n{err.decode(errors='replace')[-2000:]}")
-    times: dict[str, list[float]] = {}
-    for name, t in _read_marks(marks):
-        times.setdefault(name, []).append(t)
-    start, imported, rounds, end = (times["start"][0], times["imported"][0], times["round"],
-                                    times["end"][-1])
-    later = [b - a for a, b in zip(rounds, rounds[1:], strict=False)]
-    return {"start": start - t0, "import": imported - start,
-            "first round": rounds[0] - imported,
-            "later round": statistics.median(later) if later else float("nan"),
-            "finish": t1 - end, "whole": t1 - t0}
+    wall = _read_marks(marks)
+    start = next(t for name, t in wall if name == "start")
+    end = [t for name, t in wall if name == "end"][-1]
+    cpu = _split(_read_marks(marks, field=2))
+    return {"start": start - t0, **_split(wall), "finish": t1 - end, "whole": t1 - t0,
+            **{f"cpu {p}": cpu[p] for p in RUN_PHASES}}
 
 
 def main() -> None:
@@ -91,6 +102,15 @@ def main() -> None:
             ms = phases[p] * 1000
             extra = "" if name == "python" else f" ({(phases[p] - med['python'][p]) * 1000:+.1f})"
             cells.append(f"{ms:.1f}{extra}")
+        print("  " + f"{name:9}" + "".join(f"{c:>22}" for c in cells))
+    print("the program's main thread: CPU time / waited (wall - CPU), ms")
+    print("  " + f"{'':9}" + "".join(f"{p:>22}" for p in RUN_PHASES))
+    for name, runs in results.items():
+        cells = []
+        for p in RUN_PHASES:
+            cpu = statistics.median(r[f"cpu {p}"] for r in runs) * 1000
+            waited = statistics.median(r[p] - r[f"cpu {p}"] for r in runs) * 1000
+            cells.append(f"{cpu:.1f} / {waited:.1f}")
         print("  " + f"{name:9}" + "".join(f"{c:>22}" for c in cells))
     if "trace0" not in cmds:
         print("trace0 is not installed (pip install trace0): its row is skipped")
