@@ -3136,6 +3136,30 @@ detached_failed(Fused *f, const rh_cring_api *api, rh_taken *t, Py_ssize_t n)
     PyErr_SetRaisedException(exc);
 }
 
+/* After a released pass that left records unnamed: name them with the GIL (the records the
+ * pass noted, or with `rest` every record from the first one unnamed on), ready the call for
+ * the names added (the references' counts, the new strings), and let the GIL go again for
+ * the rest. 0 (d->named -1 where a record declines: the tuple path); -1 error. */
+static int
+name_again(Fused *f, Detached *d, const rh_round_api *round, int rest)
+{
+    Scratch *sc = f->sc;
+    held_records += (uint64_t)(rest ? d->n - d->named : d->reps.n);
+    int r = rest ? name_detached_held(f, d->named, d->n) : name_reps(f, &d->reps);
+    if (r == 0 && (area_room(sc, &sc->refs, (size_t)f->names->nslots * sizeof(uint64_t)) < 0
+                   || pend_resolve(f) < 0))
+        r = -1;
+    if (r != 0) {
+        d->named = -1;
+        return r < 0 ? -1 : 0;
+    }
+    if (rest)
+        d->named = d->n;
+    f->refs = sc->refs.p;
+    run_released(f, round, detached_released, d);
+    return 0;
+}
+
 /* encode_ring() for a call that lets the GIL go, its records named, encoded and counted
  * without it (see above). f: the call's, its names ready; n: the ring's readable records
  * now (what releases_gil() said yes to). 0: done, *result is the call's (NULL with an
@@ -3188,40 +3212,12 @@ encode_detached(Fused *f, const rh_cring_api *api, const rh_round_api *round, Py
         goto failed;
     }
     run_released(f, round, detached_released, &d);
-    if (d.named >= 0 && d.named < n && !d.reps.full) {
-        /* the codes and call sites it missed, named with the GIL, one record each; then
-         * the rest named (and encoded) without it again */
-        held_records += (uint64_t)d.reps.n;
-        int r = name_reps(f, &d.reps);
-        if (r == 0 && (area_room(sc, &sc->refs, (size_t)f->names->nslots * sizeof(uint64_t)) < 0
-                       || pend_resolve(f) < 0))
-            r = -1;
-        if (r == -1) {
-            detached_failed(f, api, &t, n);
-            goto failed;
-        }
-        if (r == 0) {
-            f->refs = sc->refs.p;
-            run_released(f, round, detached_released, &d);
-        }
-        else
-            d.named = -1;
-    }
-    if (d.named >= 0 && d.named < n) { /* still missing some: the rest named with the GIL */
-        held_records += (uint64_t)(n - d.named);
-        int r = name_detached_held(f, d.named, n);
-        if (r == 0 && (area_room(sc, &sc->refs, (size_t)f->names->nslots * sizeof(uint64_t)) < 0
-                       || pend_resolve(f) < 0))
-            r = -1;
-        if (r == -1) {
-            detached_failed(f, api, &t, n);
-            goto failed;
-        }
-        d.named = r == 0 ? n : -1;
-        if (r == 0) {
-            f->refs = sc->refs.p;
-            run_released(f, round, detached_released, &d);
-        }
+    /* what it missed: first the records noted (one a code or call site), then, if it still
+     * misses some (more than REPS new ones), every record from the first one unnamed on */
+    if ((d.named >= 0 && d.named < n && !d.reps.full && name_again(f, &d, round, 0) < 0) ||
+        (d.named >= 0 && d.named < n && name_again(f, &d, round, 1) < 0)) {
+        detached_failed(f, api, &t, n);
+        goto failed;
     }
     if (d.named >= 0 && !d.counted) {
         int r = check_left(f, enc, d.nenc);

@@ -97,9 +97,10 @@ kind_of(PyCodeObject *c)
 static PyObject *
 setup(PyObject *self, PyObject *args)
 {
-    PyObject *k, *anon, *type, *f, *part;  /* (part: keyed_ref) */
+    (void)self;
+    PyObject *k, *anon, *type, *f, *kref;
     if (!PyArg_ParseTuple(args, "O!O!O!O!O", &PyTuple_Type, &k, &PyFrozenSet_Type, &anon,
-                          &PyType_Type, &type, &PyTuple_Type, &f, &part))
+                          &PyType_Type, &type, &PyTuple_Type, &f, &kref))
         return NULL;
     if (PyTuple_GET_SIZE(k) != N_KINDS || PyTuple_GET_SIZE(f) != N_FIELDS) {
         PyErr_Format(PyExc_ValueError, "_cregistry.setup: %d kinds and %d fields expected",
@@ -119,7 +120,7 @@ setup(PyObject *self, PyObject *args)
         Py_XSETREF(fields[i], Py_NewRef(PyTuple_GET_ITEM(f, i)));
     Py_XSETREF(anonymous, Py_NewRef(anon));
     Py_XSETREF(info_type, (PyTypeObject *)Py_NewRef(type));
-    Py_XSETREF(keyed_ref, Py_NewRef(part));
+    Py_XSETREF(keyed_ref, Py_NewRef(kref));
     Py_RETURN_NONE;
 }
 
@@ -214,6 +215,7 @@ renamed(PyObject *cq, PyObject *old, PyObject *new)
 static PyObject *
 collect(PyObject *self, PyObject *args)
 {
+    (void)self;
     PyObject *code, *module, *qualname, *entries, *by_id, *bodies, *drop;
     int register_top;
     Py_ssize_t order;
@@ -500,6 +502,7 @@ name_apart(PyObject *base, PyObject *members, PyObject *by_id, PyObject *taken,
 static PyObject *
 commit(PyObject *self, PyObject *args)
 {
+    (void)self;
     PyObject *entries, *by_id, *taken, *column;
     if (!PyArg_ParseTuple(args, "O!O!O!O", &PyDict_Type, &entries, &PyDict_Type, &by_id,
                           &PySet_Type, &taken, &column))
@@ -715,6 +718,7 @@ walk(Walk *w, PyObject *ns, int depth, PyObject *klass)
 static PyObject *
 namespace_functions(PyObject *self, PyObject *args)
 {
+    (void)self;
     PyObject *mod, *known, *owners;
     if (!PyArg_ParseTuple(args, "O!O!O!", &PyModule_Type, &mod, &PyDict_Type, &known,
                           &PyDict_Type, &owners))

@@ -146,7 +146,7 @@ class Follow:
     def note_started(self, pid: int, how: str, executable: str, argv: list[str]) -> None:
         """Add a started program to the ledger (one short line: an atomic append)."""
         line = jsontext.dumps({"pid": pid, "parent": os.getpid(), "how": how,
-                           "executable": executable, "argv": argv[:8]}) + "\n"
+                               "executable": executable, "argv": argv[:8]}) + "\n"
         try:
             self.make()
             fd = os.open(os.path.join(self.rundir, _LEDGER),
