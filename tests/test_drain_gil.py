@@ -433,6 +433,47 @@ def test_a_released_call_writes_its_chunks_to_a_regular_file(gil_mode, tmp_path,
     assert (tmp_path / "a.dat").read_bytes() == (tmp_path / "b.dat").read_bytes()
 
 
+@pytest.mark.parametrize("odd", ["", "\u00e9t\u00e9 \U0001f600", "lone \udc80"])
+def test_a_released_call_writes_the_strings_it_adds(gil_mode, tmp_path, monkeypatch, odd):
+    """A call meeting codes never named (a program's first rounds) writes the STR chunks of
+    the names it adds too, before the EVTS chunk that uses them, still without the GIL, from
+    each name's UTF-8; a name without one (a lone surrogate, which the writer encodes with
+    surrogatepass) leaves the call's chunks to the writer. Either way the file is the tuple
+    path's, byte for byte, and every name reads back."""
+    gil_mode(RELEASE)
+    held = []
+    real = _tfenc.write_held
+    monkeypatch.setattr(_tfenc, "write_held", lambda f, parts: held.append(1) or real(f, parts))
+    per_call, calls = 20_000, 3
+    codes = [compile(f"def g{i}(): pass", "gen", "exec").co_consts[0] for i in range(300)]
+
+    def name_of(code):
+        return f"mod.{code.co_name}{odd if code.co_name == 'g7' else ''}"
+
+    a, b = cring.Ring(2 * per_call, TID), cring.Ring(2 * per_call, TID)
+    wa, wb = _file_writer(tmp_path / "a.dat", 4_000), _file_writer(tmp_path / "b.dat", 4_000)
+    for w in (wa, wb):
+        w.set_thread_name(TID, "main")
+    storm((a, b), 100)
+    assert fused(wa, a, name_of) == tuple_path(wb, b, name_of) == 100
+    before = len(held)
+    for c in range(calls):  # each call meets 100 new codes, spread over its batches
+        storm((a, b), per_call, codes[100 * c: 100 * (c + 1)])
+        assert fused(wa, a, name_of) == tuple_path(wb, b, name_of) == per_call
+    surrogate = "\udc80" in odd
+    assert len(held) - before == (1 if surrogate else 0)  # (g7 is met in the first call)
+    for w in (wa, wb):
+        w.close()
+        w._file.close()
+    data = (tmp_path / "a.dat").read_bytes()
+    assert data == (tmp_path / "b.dat").read_bytes()
+    assert fd.chunk_tags(data).count(tracefile.TAG_STRINGS) > calls
+    events = list(tracefile.TraceReader(io.BytesIO(data)).events())
+    assert len(events) == 100 + calls * per_call
+    seen = {value for event in events for value in event if isinstance(value, str)}
+    assert {name_of(code) for code in codes} <= seen
+
+
 def test_a_released_call_waits_for_definitions_and_loss(gil_mode, tmp_path, monkeypatch):
     """A definition the writer has not written yet (a thread's new name), or loss to report
     before the events, keeps the call from writing its chunks itself: the writer writes

@@ -906,6 +906,28 @@ def test_write_held_writes_every_part_in_order(tmp_path):
         tracefile._tfenc.write_held(1, (b"x",))
 
 
+def test_read_held_reads_as_os_read():
+    """read_held (the drain's read of the signal wakeup pipe, the GIL kept): what os.read
+    gives from a non-blocking pipe, BlockingIOError when it is empty, OSError when closed."""
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    try:
+        with pytest.raises(BlockingIOError):
+            tracefile.read_held(r, 256)
+        os.write(w, bytes(range(10)) * 40)
+        assert tracefile.read_held(r, 256) == (bytes(range(10)) * 40)[:256]
+        assert tracefile.read_held(r, 0) == b""
+        assert tracefile.read_held(r, 1000) == (bytes(range(10)) * 40)[256:]
+        if tracefile._tfenc is not None:
+            with pytest.raises(ValueError, match="read_held"):
+                tracefile._tfenc.read_held(r, -1)
+    finally:
+        os.close(r)
+        os.close(w)
+    with pytest.raises(OSError):
+        tracefile.read_held(r, 1)
+
+
 @given(data=st.binary(max_size=3000), value=st.integers(0, (1 << 32) - 1))
 def test_crc32_is_zlibs(data, value):
     assert _tfenc.crc32(data) == zlib.crc32(data)

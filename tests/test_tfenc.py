@@ -461,7 +461,7 @@ def load_against(tfenc, monkeypatch, **changes) -> None:
 
     fake = types.ModuleType("rethook.buffer.tracefile")
     for name in ("_INT_PLAIN", "_INT_DELTA", "_INT_CONST", "_WIDTH_SAMPLES", "_UNSIGNED",
-                 "_SIGNED", "_CHUNK_HEAD", "TAG_EVENTS"):
+                 "_SIGNED", "_CHUNK_HEAD", "TAG_EVENTS", "TAG_STRINGS", "MAX_CHUNK_PAYLOAD"):
         setattr(fake, name, changes.get(name, getattr(tf, name)))
     for name, change in changes.items():
         if change is None:
@@ -489,3 +489,8 @@ def test_import_checks_the_constants(tfenc, monkeypatch):
         load_against(tfenc, monkeypatch, TAG_EVENTS=b"EVNT")
     with pytest.raises(ImportError, match="EVTS chunk head"):
         load_against(tfenc, monkeypatch, _CHUNK_HEAD=struct.Struct(">4sI"))
+    # and of the STR chunks (the strings its batches add), no larger than a chunk may be
+    with pytest.raises(ImportError, match="TAG_STRINGS: the STR  chunk head"):
+        load_against(tfenc, monkeypatch, TAG_STRINGS=b"STRS")
+    with pytest.raises(ImportError, match="MAX_CHUNK_PAYLOAD is 1024"):
+        load_against(tfenc, monkeypatch, MAX_CHUNK_PAYLOAD=1024)

@@ -189,14 +189,24 @@ get32(const unsigned char *p)
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
-/* The head of an EVTS chunk: its tag and its payload's length, the layout of tracefile.py's
- * _CHUNK_HEAD and TAG_EVENTS (checked against them at import: check_chunk_head()). */
+/* The head of a chunk: its tag and its payload's length, the layout of tracefile.py's
+ * _CHUNK_HEAD, TAG_EVENTS and TAG_STRINGS (checked against them at import:
+ * check_chunk_head()), and the most a payload may hold (its MAX_CHUNK_PAYLOAD, checked too). */
 #define CHUNK_HEAD_SIZE 8
+#define TAG_EVENTS "EVTS"
+#define TAG_STRINGS "STR "
+#define MAX_CHUNK_PAYLOAD ((uint64_t)1 << 30)
+static inline void
+tagged_head(unsigned char head[CHUNK_HEAD_SIZE], const char *tag, uint64_t payload_len)
+{
+    memcpy(head, tag, 4);
+    put32(head + 4, payload_len);
+}
+
 static inline void
 chunk_head(unsigned char head[CHUNK_HEAD_SIZE], uint64_t payload_len)
 {
-    memcpy(head, "EVTS", 4);
-    put32(head + 4, payload_len);
+    tagged_head(head, TAG_EVENTS, payload_len);
 }
 
 /* The values (or, with delta, the n - 1 differences between neighbours), little-endian in
@@ -1011,6 +1021,46 @@ done:
     return result;
 }
 
+/* The same for a read the drain makes between its rounds: the signal wakeup pipe
+ * (runner/exits.py's check_signals), non-blocking, which os.read() would make a handoff. */
+PyDoc_STRVAR(read_held_doc,
+"read_held(fd, n) -> bytes\n\
+\n\
+Read at most n bytes from the file descriptor fd, as os.read does, without releasing\n\
+the GIL: for a descriptor that never blocks (O_NONBLOCK). EINTR is retried; raises\n\
+OSError (BlockingIOError when there is nothing to read).");
+
+static PyObject *
+read_held(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "read_held(fd, n): two ints");
+        return NULL;
+    }
+    int fd = PyObject_AsFileDescriptor(args[0]);
+    if (fd < 0)
+        return NULL;
+    Py_ssize_t n = PyNumber_AsSsize_t(args[1], PyExc_OverflowError);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    if (n < 0 || n > (1 << 20)) {
+        PyErr_Format(PyExc_ValueError, "read_held(): n must be in [0, 2**20], not %zd", n);
+        return NULL;
+    }
+    char *buf = PyMem_Malloc((size_t)(n ? n : 1));
+    if (buf == NULL)
+        return PyErr_NoMemory();
+    ssize_t got;
+    do
+        got = read(fd, buf, (size_t)n);
+    while (got < 0 && errno == EINTR);
+    PyObject *result = got < 0 ? PyErr_SetFromErrno(PyExc_OSError)
+                               : PyBytes_FromStringAndSize(buf, (Py_ssize_t)got);
+    PyMem_Free(buf);
+    return result;
+}
+
 /* ---------------------------------------------------------------------------------------- */
 /* The fused drain: a native ring's records straight into EVTS payloads                       */
 
@@ -1775,6 +1825,9 @@ typedef struct {
 typedef struct {
     PyObject *name;
     uint64_t index;
+    const char *utf8; /* its UTF-8 (the str's own, read without the GIL by write_window()), or
+                       * NULL: none (lone surrogates, which the writer encodes its own way) */
+    Py_ssize_t len;
 } Pend;
 
 /* What one encode_ring() call works with */
@@ -2118,7 +2171,12 @@ pend_resolve(Fused *f)
             rc = -1;
         else {
             int32_t p = f->npend++;
-            f->pend[p] = (Pend){slot->name, NO_INDEX};
+            Py_ssize_t len = 0;
+            const char *utf8 = PyUnicode_Check(slot->name)
+                                   ? PyUnicode_AsUTF8AndSize(slot->name, &len) : NULL;
+            if (utf8 == NULL)
+                PyErr_Clear();
+            f->pend[p] = (Pend){slot->name, NO_INDEX, utf8, len};
             f->pend_of[s] = p;
             v = PyLong_FromLong(p);
             rc = v == NULL ? -1 : PyDict_SetItem(seen, slot->name, v);
@@ -2963,50 +3021,99 @@ typedef struct {
     uint64_t lost_before; /* the loss the file must show before these events */
 } Detached;
 
-/* Without the GIL, once every batch is encoded: the call's EVTS chunks written to f->fd in
- * one writev loop, when nothing must come before them in the file: no loss to report first,
- * no string they add to the table, no format the file has not defined (the writer passes
- * fd -1 while it holds definitions of its own to write). The program's threads run
- * meanwhile: the write of a round's chunks into the page cache (~0.2 ms for richards' ~190
- * KB) was the longest thing the drain did with the GIL held. Sets f->written, or
- * f->write_errno. */
+/* Without the GIL, once every batch is encoded: the call's chunks written to f->fd in one
+ * writev loop, as the writer would write them (each batch's STR chunk of the strings it adds,
+ * then its EVTS chunk), when nothing must come before them in the file: no loss to report
+ * first, no format the file has not defined (the writer passes fd -1 while it holds
+ * definitions of its own to write). The program's threads run meanwhile: the write of a
+ * round's chunks into the page cache (~0.2 ms for richards' ~190 KB) was the longest thing
+ * the drain did with the GIL held, and in a program's first rounds most calls add strings.
+ * Strings are written from their str's own UTF-8 (Pend.utf8); a call adding one without it
+ * leaves its chunks to the writer. Sets f->written, or f->write_errno. */
 static void
 write_window(Fused *f, const Encoded *enc, Py_ssize_t nenc, uint64_t lost_before)
 {
     if (f->fd < 0 || lost_before != 0)
         return;
+    Py_ssize_t added = 0; /* strings, over the batches */
     for (Py_ssize_t b = 0; b < nenc; b++) {
-        if (!enc[b].done || enc[b].added != 0)
+        if (!enc[b].done)
             return;
         for (int g = 0; g < enc[b].k; g++) {
             int fid = enc[b].order[g];
             if (fid < 0 || fid > 63 || !(f->defined >> fid & 1))
                 return;
         }
+        if (enc[b].added == 0)
+            continue;
+        /* the batch's strings: the next `added` given an index (pend_index()), in order */
+        uint64_t payload = 8 + 4 * (uint64_t)enc[b].added;
+        for (Py_ssize_t k = added; k < added + enc[b].added; k++) {
+            const Pend *p = k < f->nassigned ? &f->pend[f->pend_order[k]] : NULL;
+            if (p == NULL || p->utf8 == NULL || (uint64_t)p->len > UINT32_MAX ||
+                p->index > UINT32_MAX ||
+                p->index != f->table_next - (uint64_t)(f->nassigned - k))
+                return;
+            payload += (uint64_t)p->len;
+        }
+        if (payload > MAX_CHUNK_PAYLOAD)
+            return; /* (the writer says why: a ValueError) */
+        added += enc[b].added;
     }
-    const char *out = (const char *)f->sc->out.p;
-    unsigned char *heads = PyMem_RawMalloc((size_t)(nenc ? nenc : 1) * (CHUNK_HEAD_SIZE + 4));
-    struct iovec *iov = PyMem_RawMalloc((size_t)(nenc ? nenc : 1) * 3 * sizeof(struct iovec));
-    if (heads == NULL || iov == NULL) {
-        PyMem_RawFree(heads);
+    if (added != f->nassigned)
+        return;
+    /* the pieces: per batch, [STR head, first, count, lengths][each string][crc] if it adds
+     * strings, then [EVTS head][payload][crc]; the fixed parts in one block */
+    const size_t fixed = (size_t)nenc * 2 * (CHUNK_HEAD_SIZE + 4) + (size_t)added * 4 +
+                         (size_t)nenc * 8;
+    const size_t pieces = (size_t)nenc * 5 + (size_t)added;
+    unsigned char *block = PyMem_RawMalloc(fixed ? fixed : 1);
+    struct iovec *iov = PyMem_RawMalloc(pieces * sizeof(struct iovec));
+    if (block == NULL || iov == NULL) {
+        PyMem_RawFree(block);
         PyMem_RawFree(iov);
         return; /* (the writer writes them, the GIL held) */
     }
-    Py_ssize_t events = 0;
+    const char *out = (const char *)f->sc->out.p;
+    unsigned char *h = block;
+    Py_ssize_t events = 0, k = 0;
     int niov = 0;
     for (Py_ssize_t b = 0; b < nenc; b++) {
-        unsigned char *h = heads + b * (CHUNK_HEAD_SIZE + 4);
+        if (enc[b].added > 0) { /* tracefile.TraceWriter._write_strings()'s chunk */
+            const Py_ssize_t count = enc[b].added;
+            unsigned char *start = h;
+            uint64_t len = 8 + 4 * (uint64_t)count;
+            for (Py_ssize_t i = 0; i < count; i++)
+                len += (uint64_t)f->pend[f->pend_order[k + i]].len;
+            tagged_head(h, TAG_STRINGS, len);
+            put32(h + CHUNK_HEAD_SIZE, (uint32_t)f->pend[f->pend_order[k]].index);
+            put32(h + CHUNK_HEAD_SIZE + 4, (uint32_t)count);
+            h += CHUNK_HEAD_SIZE + 8;
+            for (Py_ssize_t i = 0; i < count; i++, h += 4)
+                put32(h, (uint32_t)f->pend[f->pend_order[k + i]].len);
+            uint32_t crc = crc32_update(0, start, (size_t)(h - start));
+            iov[niov++] = (struct iovec){start, (size_t)(h - start)};
+            for (Py_ssize_t i = 0; i < count; i++, k++) {
+                const Pend *p = &f->pend[f->pend_order[k]];
+                crc = crc32_update(crc, (const unsigned char *)p->utf8, (size_t)p->len);
+                iov[niov++] = (struct iovec){(void *)p->utf8, (size_t)p->len};
+            }
+            put32(h, crc);
+            iov[niov++] = (struct iovec){h, 4};
+            h += 4;
+        }
         chunk_head(h, enc[b].len);
         put32(h + CHUNK_HEAD_SIZE, enc[b].crc);
         events += (Py_ssize_t)get32((const unsigned char *)out + enc[b].off); /* its count */
         iov[niov++] = (struct iovec){h, CHUNK_HEAD_SIZE};
         iov[niov++] = (struct iovec){(void *)(out + enc[b].off), enc[b].len};
         iov[niov++] = (struct iovec){h + CHUNK_HEAD_SIZE, 4};
+        h += CHUNK_HEAD_SIZE + 4;
     }
     f->write_errno = writev_all(f->fd, iov, niov);
     if (f->write_errno == 0)
         f->written = events;
-    PyMem_RawFree(heads);
+    PyMem_RawFree(block);
     PyMem_RawFree(iov);
 }
 
@@ -3556,6 +3663,7 @@ static PyMethodDef methods[] = {
     {"encode_ring", (PyCFunction)(void (*)(void))encode_ring, METH_FASTCALL, encode_ring_doc},
     {"crc32", (PyCFunction)(void (*)(void))tfenc_crc32, METH_FASTCALL, crc32_doc},
     {"write_held", (PyCFunction)(void (*)(void))write_held, METH_FASTCALL, write_held_doc},
+    {"read_held", (PyCFunction)(void (*)(void))read_held, METH_FASTCALL, read_held_doc},
     {"reserve", (PyCFunction)(void (*)(void))reserve, METH_FASTCALL, reserve_doc},
     {"free_scratch", free_scratch, METH_NOARGS, free_scratch_doc},
     {"_nogil", (PyCFunction)(void (*)(void))tfenc_nogil, METH_FASTCALL, nogil_doc},
@@ -3628,27 +3736,36 @@ out:
     return ok;
 }
 
-/* tracefile._CHUNK_HEAD.pack(TAG_EVENTS, n) is chunk_head()'s (the chunks write_window()
- * writes) */
+/* tracefile._CHUNK_HEAD.pack(tracefile.<name>, n) is tagged_head(tag)'s (the chunks
+ * write_window() writes) */
 static int
-check_chunk_head(PyObject *tf)
+check_tagged_head(PyObject *tf, const char *name, const char *tag)
 {
     const uint64_t n = 0x01020304;
     unsigned char head[CHUNK_HEAD_SIZE];
-    chunk_head(head, n);
+    tagged_head(head, tag, n);
     PyObject *want = PyBytes_FromStringAndSize((const char *)head, CHUNK_HEAD_SIZE);
     PyObject *pack = PyObject_GetAttrString(tf, "_CHUNK_HEAD");
-    PyObject *tag = PyObject_GetAttrString(tf, "TAG_EVENTS");
-    PyObject *got = want && pack && tag ? PyObject_CallMethod(pack, "pack", "Ok", tag, n) : NULL;
+    PyObject *value = PyObject_GetAttrString(tf, name);
+    PyObject *got = want && pack && value ? PyObject_CallMethod(pack, "pack", "Ok", value, n)
+                                          : NULL;
     int same = got != NULL ? PyObject_RichCompareBool(got, want, Py_EQ) : -1;
     if (same == 0)
-        PyErr_Format(PyExc_ImportError, "rethook: tracefile's EVTS chunk head is %R, the C "
-                     "trace file encoder was built for %R", got, want);
+        PyErr_Format(PyExc_ImportError, "rethook: tracefile.%s: the %.4s chunk head is %R, "
+                     "the C trace file encoder was built for %R", name, tag, got, want);
     Py_XDECREF(want);
     Py_XDECREF(pack);
-    Py_XDECREF(tag);
+    Py_XDECREF(value);
     Py_XDECREF(got);
     return same == 1 ? 0 : -1;
+}
+
+static int
+check_chunk_head(PyObject *tf)
+{
+    return check_tagged_head(tf, "TAG_EVENTS", TAG_EVENTS) < 0 ||
+           check_tagged_head(tf, "TAG_STRINGS", TAG_STRINGS) < 0 ||
+           check_constant(tf, "MAX_CHUNK_PAYLOAD", (long)MAX_CHUNK_PAYLOAD) < 0 ? -1 : 0;
 }
 
 /* RING_LAYOUTS: {record type: the field types (after ts and tid) of the event it becomes}, as

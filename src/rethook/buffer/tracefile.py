@@ -163,6 +163,11 @@ try:
 except ImportError:
     _tfenc = None
 
+#: ``os.read(fd, n)`` for a descriptor that never blocks, without letting the GIL go where the
+#: C encoder is built: read by the drain thread between its rounds (the signal wakeup pipe),
+#: where each release hands the GIL to the program, which keeps it until the drain asks back.
+read_held: Callable[[int, int], bytes] = getattr(_tfenc, "read_held", os.read)
+
 
 def _narrowest(lo: int, hi: int) -> _Width | None:
     """The smallest width holding [lo, hi], or None beyond 64 bits."""
@@ -427,9 +432,10 @@ class TraceWriter:
         ring, with no event tuple per record -- a call of many records with the GIL
         released once the ring's array is taken out with them (the ring goes on in a spare
         one), so the program runs meanwhile (``_tfenc.c``, "The detached drain"). Such a
-        call also writes its chunks to a regular file itself, still without the GIL, when
-        nothing must come before them (a loss to report, a new string or definition);
-        otherwise the chunks of the call go to the file in one write, the GIL held (the
+        call also writes its chunks to a regular file itself (the STR chunks of the strings
+        it adds among them), still without the GIL, when nothing must come before them (a
+        loss to report, a definition); otherwise the chunks of the call go to the file in
+        one write, the GIL held (the
         drain thread of ``rethook record``: each time it lets the GIL go, a CPU-bound
         program keeps it a switch interval once the drain wants it back, filling the ring
         meanwhile). The caller's ring may then have a new array, of the same size.

@@ -30,6 +30,7 @@ import os
 import threading
 import time
 
+from rethook.buffer.tracefile import read_held as _read_held
 from rethook.control.hidden import leave_signals_to_the_program
 from rethook.engine.core import in_own_work, notrace
 
@@ -47,9 +48,8 @@ RESEND_SECONDS = 0.005
 #: How long a fatal signal CPython received may stay without its handler run before it is
 #: raised again in the main thread (see check_signals).
 STUCK_SECONDS = 0.05
-#: How often check_signals reads the wakeup pipe at most: os.read() lets the GIL go, and in a
-#: call storm the drain's rounds come every millisecond or so, each handing the GIL to the
-#: program and waiting to get it back (~5% of a storm's run went to such handoffs).
+#: How often check_signals reads the wakeup pipe at most: in a call storm the drain's rounds
+#: come every millisecond or so.
 CHECK_SECONDS = STUCK_SECONDS / 2
 _checked_at = 0.0  # when check_signals last read the pipe
 #: After this many deferrals (2 s) the signal takes its effect, the trace unfinished.
@@ -278,7 +278,7 @@ def check_signals() -> None:
         return
     _checked_at = now
     try:
-        data = os.read(wakeup[0], 256)
+        data = _read_held(wakeup[0], 256)
     except OSError:  # nothing there (non-blocking), or closed meanwhile
         data = b""
     for sig in set(data):
