@@ -84,6 +84,45 @@ def test_collected_suspended_generator_does_not_leak(engine):
     assert all(isinstance(r[3], GeneratorExit) for r in rec.returns)
 
 
+@pytest.mark.skipif(sys.version_info < (3, 13), reason="3.12 closes them with events")
+def test_an_interrupt_from_a_closed_return_ends_that_collection(engine):
+    """A return handler raises KeyboardInterrupt while collect_parked delivers closed calls:
+    the call's own return is done, the interrupt comes out of collect_parked, and the calls
+    not reached yet stay parked, to be closed by the next collection. Each closed return is
+    timed at its generator's last suspension."""
+
+    class Interrupting(Recorder):
+        raised = False
+
+        def retfunc(self, code, frame, depth, data, retval, exc, t0, t1, sleep, flags):
+            super().retfunc(code, frame, depth, data, retval, exc, t0, t1, sleep, flags)
+            if not self.raised:
+                self.raised = True
+                raise KeyboardInterrupt
+
+    rec = Interrupting("count")
+
+    def close_three():
+        gs = [gens.count(5) for _ in range(3)]
+        for g in gs:
+            next(g)
+        suspended = engine.stats()["closed_returns"]
+        for g in gs:
+            g.close()  # no event on 3.13: parked until collected
+        with pytest.raises(KeyboardInterrupt):
+            engine.collect_parked()
+        assert len(rec.returns) == 1 and engine.stats()["parked_calls"] == 2
+        assert engine.collect_parked() == 2
+        assert engine.stats()["parked_calls"] == 0
+        assert engine.stats()["closed_returns"] - suspended == 3
+
+    run(engine, rec, close_three)
+    rec.assert_exactly_once()
+    for _, _, _, exc, flags, sleep, t0, t1 in rec.returns:
+        assert isinstance(exc, GeneratorExit) and flags == FLAG_CLOSED
+        assert t0 <= t1 and sleep == 0  # (t1: when it was suspended, never resumed)
+
+
 def test_parked_high_water_mark_collects_without_being_asked(engine):
     from rethook.engine import engine as engine_module
 

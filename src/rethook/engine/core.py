@@ -1088,6 +1088,23 @@ class PyCore:
         return _parked
 
     @staticmethod
+    def close_parked(frames: list[FrameType], counts: list[int]) -> None:
+        """Deliver the parked calls of ``frames`` (their generators or coroutines were closed
+        or collected silently: the engine's collect_parked) as closed: each record still
+        parked is taken out and its claims delivered with ``FLAG_CLOSED``, a new
+        ``GeneratorExit`` and the time of its last suspension. ``counts`` is ``[records
+        closed, claims whose user still had a return handler]``, added to as it goes (a
+        handler's KeyboardInterrupt ends the walk, the rest still parked). The caller marks
+        the thread busy."""
+        for frame in frames:
+            rec = _parked.pop(frame, None)
+            if rec is None or len(rec) <= REC_HEADER:
+                continue
+            counts[0] += 1
+            counts[1] += sum(1 for reg, _ in claims(rec) if reg.retfunc is not None)
+            deliver(rec, 0, None, GeneratorExit(), rec[REC_PARKED_AT], FLAG_CLOSED)
+
+    @staticmethod
     def finished_frames(frames: list[FrameType]) -> list[FrameType] | None:
         """Those of ``frames`` (parked calls') whose generator or coroutine has finished, or
         None when the core cannot tell from the frames alone (this one: the engine then asks

@@ -47,7 +47,6 @@ from rethook.engine.core import (
     REC_CODE,
     REC_FRAME,
     REC_HEADER,
-    REC_PARKED_AT,
     REC_SLEEP,
     REC_TIME,
     WANT_FRAME,
@@ -914,28 +913,23 @@ class Engine:
         with ``FLAG_CLOSED`` and a ``GeneratorExit``, timed at its last suspension. Runs at
         stop, at unregister, and when the parked table passes a high-water mark.
         """
-        parked = self.core.parked()
-        dead = _dead_parked_frames(parked, self.core.finished_frames)
-        n = 0
+        dead = _dead_parked_frames(self.core.parked(), self.core.finished_frames)
+        if not dead:
+            return 0
         me = self.core.current_thread_state()
         was_busy = me.busy if me is not None else False
         if me is not None:
             me.busy = True
+        # (counted: the returns really delivered, not claims of users that discarded their
+        # entry, unregistered from inside it: their retfunc is gone)
+        counts = [0, 0]
         try:
-            for frame in dead:
-                rec = parked.pop(frame, None)
-                if rec is None or len(rec) <= REC_HEADER:
-                    continue
-                n += 1
-                # count the returns really delivered: not claims of users that discarded
-                # their entry (unregistered from inside it: their retfunc is gone)
-                self._closed_deliveries += sum(
-                    1 for reg, _ in claims(rec) if reg.retfunc is not None)
-                self.core.deliver(rec, 0, None, GeneratorExit(), rec[REC_PARKED_AT], FLAG_CLOSED)
+            self.core.close_parked(dead, counts)
         finally:
+            self._closed_deliveries += counts[1]
             if me is not None:
                 me.busy = was_busy
-        return n
+        return counts[0]
 
     def _parked_overflow(self) -> None:
         self.collect_parked()

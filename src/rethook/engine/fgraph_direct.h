@@ -67,8 +67,10 @@
  *   - returns come newest first on each thread (the engine's rule 2), so a stack suffices for
  *     plain functions; a generator call's data is its own object and may be resumed (and end)
  *     on another thread;
- *   - a claim delivered from Python (the engine's sweep at unregister/stop, collect_parked, the
- *     end of a thread) calls the user's ordinary retfunc: for a plain function's direct entry
+ *   - a claim delivered from Python (the engine's sweep at unregister/stop, the end of a
+ *     thread) calls the user's ordinary retfunc (collect_parked's closed calls go through the
+ *     core's close_parked, which gives a direct record's claim to gen_exit, as a return
+ *     would): for a plain function's direct entry
  *     with the ThreadState of the call's thread as its entry data:
  *     retfunc(code, None, depth, thread_state, None, None, 0, t, 0, flags) (ThreadState.tid is
  *     that thread's threading.get_ident()); for a generator's direct record with the record's

@@ -70,6 +70,7 @@ if _ccore is not None:
         drain_wake = staticmethod(_ccore.drain_wake)
         drain_blocking = staticmethod(_ccore.drain_blocking)
         finished_frames = staticmethod(_ccore.finished_frames)
+        close_parked = staticmethod(_ccore.close_parked)
         parked = staticmethod(_ccore.parked)  # (its own table: parktable.h)
 else:
     CCore = None  # type: ignore[assignment,misc]
