@@ -145,3 +145,36 @@ def test_c_finds_in_a_namespace_what_python_finds(monkeypatch: pytest.MonkeyPatc
     for name, m in list(sys.modules.items()):
         if isinstance(m, ModuleType):
             assert _namespace(False, m, monkeypatch) == _namespace(True, m, monkeypatch), name
+
+
+def test_c_selects_codes_by_id_as_python_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """codes_by_id (the engine's selection of a module's new functions): each info's
+    ``id(code): code`` into every dict given, in C as in Python, whatever the dicts held;
+    a FunctionInfo made by the C registry or in Python, or any object with a ``code``."""
+    reg = registry.Registry()
+    entries: dict = {}
+    code = compile("def f(): pass\nclass K:\n    def g(self): pass\nh = lambda: 0\n", "m", "exec")
+    reg._collect(code, "m", None, entries, register_top=False)
+    infos = reg._commit(entries)
+    made = registry.FunctionInfo(code.co_consts[0], "m.x", "m", "x", "m", 1, "function")
+
+    class Other:
+        code = compile("pass", "o", "exec")
+
+    given = [*infos, made, Other()]
+    results = []
+    for use_c in (True, False):
+        with monkeypatch.context() as m:
+            if not use_c:
+                m.setattr(registry, "_c", None)
+            a, b = {1: None}, {}
+            registry.codes_by_id(given, (a, b))
+            registry.codes_by_id([], (a,))
+            results.append((a, b))
+    assert results[0] == results[1]
+    a, b = results[0]
+    assert b == {id(i.code): i.code for i in given} and a == {1: None, **b}
+    with pytest.raises(TypeError):
+        registry._c.codes_by_id(given, ([],))
+    with pytest.raises(AttributeError):
+        registry._c.codes_by_id([object()], ({},))

@@ -53,7 +53,7 @@ static PyObject *anonymous;  /* frozenset of str */
 static PyTypeObject *info_type;
 static PyObject *fields[N_FIELDS];
 static PyObject *keyed_ref;
-static PyObject *s_wrapped, *s_func, *s_fget, *s_fset, *s_fdel, *s_module, *s_name,
+static PyObject *s_code, *s_wrapped, *s_func, *s_fget, *s_fset, *s_fdel, *s_module, *s_name,
     *s_dot, *s_lambda, *s_genexpr, *s_listcomp, *s_setcomp, *s_dictcomp, *s_generic,
     *s_module_body, *s_empty;
 
@@ -741,10 +741,50 @@ namespace_functions(PyObject *self, PyObject *args)
     return w.out;
 }
 
+/* --- codes_by_id ------------------------------------------------------------------------- */
+
+/* registry.codes_by_id: id(info.code) -> info.code of each info, into each dict given. */
+static PyObject *
+codes_by_id(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *infos, *into;
+    if (!PyArg_ParseTuple(args, "OO!", &infos, &PyTuple_Type, &into) || !ready())
+        return NULL;
+    for (Py_ssize_t d = 0; d < PyTuple_GET_SIZE(into); d++)
+        if (!PyDict_CheckExact(PyTuple_GET_ITEM(into, d))) {
+            PyErr_SetString(PyExc_TypeError, "codes_by_id: dicts to add to");
+            return NULL;
+        }
+    PyObject *seq = PySequence_Fast(infos, "codes_by_id: a sequence of FunctionInfo");
+    if (seq == NULL)
+        return NULL;
+    int rc = 0;
+    for (Py_ssize_t i = 0; rc == 0 && i < PySequence_Fast_GET_SIZE(seq); i++) {
+        PyObject *info = PySequence_Fast_GET_ITEM(seq, i);
+        PyObject *code = Py_TYPE(info) == info_type
+                             ? Py_TYPE(fields[F_CODE])->tp_descr_get(fields[F_CODE], info,
+                                                                     (PyObject *)info_type)
+                             : PyObject_GetAttr(info, s_code);
+        PyObject *key = code == NULL ? NULL : PyLong_FromVoidPtr(code);
+        rc = key == NULL ? -1 : 0;
+        for (Py_ssize_t d = 0; rc == 0 && d < PyTuple_GET_SIZE(into); d++)
+            rc = PyDict_SetItem(PyTuple_GET_ITEM(into, d), key, code);
+        Py_XDECREF(key);
+        Py_XDECREF(code);
+    }
+    Py_DECREF(seq);
+    if (rc < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"setup", setup, METH_VARARGS, "Hand over the registry's kinds, types and fields."},
     {"collect", collect, METH_VARARGS, "registry._collect: a code tree into a batch."},
     {"commit", commit, METH_VARARGS, "registry._commit's loop: name a batch."},
+    {"codes_by_id", codes_by_id, METH_VARARGS,
+     "registry.codes_by_id: id(info.code) -> info.code, into each dict."},
     {"namespace_functions", namespace_functions, METH_VARARGS,
      "registry._namespace_functions: unknown functions of a module's namespace."},
     {NULL, NULL, 0, NULL},
@@ -761,10 +801,10 @@ static struct PyModuleDef moduledef = {
 PyMODINIT_FUNC
 PyInit__cregistry(void)
 {
-    PyObject **strs[] = {&s_wrapped, &s_func, &s_fget, &s_fset, &s_fdel, &s_module, &s_name,
-                         &s_dot, &s_lambda, &s_genexpr, &s_listcomp, &s_setcomp, &s_dictcomp,
-                         &s_generic, &s_module_body, &s_empty};
-    const char *text[] = {"__wrapped__", "__func__", "fget", "fset", "fdel", "__module__",
+    PyObject **strs[] = {&s_code, &s_wrapped, &s_func, &s_fget, &s_fset, &s_fdel, &s_module,
+                         &s_name, &s_dot, &s_lambda, &s_genexpr, &s_listcomp, &s_setcomp,
+                         &s_dictcomp, &s_generic, &s_module_body, &s_empty};
+    const char *text[] = {"code", "__wrapped__", "__func__", "fget", "fset", "fdel", "__module__",
                           "__name__", ".", "<lambda>", "<genexpr>", "<listcomp>", "<setcomp>",
                           "<dictcomp>", "<generic parameters of ", "<module>", ""};
     for (size_t i = 0; i < sizeof strs / sizeof *strs; i++) {

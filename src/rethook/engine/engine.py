@@ -60,7 +60,13 @@ from rethook.engine.core import (
     make_marker,
 )
 from rethook.engine.filters import FunctionFilter
-from rethook.engine.registry import FunctionInfo, Registry, default_registry, is_own_module
+from rethook.engine.registry import (
+    FunctionInfo,
+    Registry,
+    codes_by_id,
+    default_registry,
+    is_own_module,
+)
 from rethook.engine.select import choose_core
 
 TYPE_CHECKING = False
@@ -565,9 +571,7 @@ class Engine:
                     continue
                 added: dict[int, CodeType] = {}
                 for ops, sel in self._selection.items():
-                    chosen = {id(info.code): info.code for info in ops.filter.matching(infos)}
-                    sel.update(chosen)
-                    added.update(chosen)
+                    codes_by_id(ops.filter.matching(infos), (sel, added))
                 if added:
                     self._defer(added)
             finally:

@@ -1333,6 +1333,18 @@ _default_lock = threading.Lock()
 _c = _load_c()
 
 
+def codes_by_id(infos: Iterable[FunctionInfo], into: tuple[dict[int, CodeType], ...]) -> None:
+    """Add ``id(info.code): info.code`` of each of ``infos`` to each dict of ``into``: how the
+    engine selects and defers a module's worth of new functions (in C where built: ~1 us a
+    function in Python there, with its three dicts)."""
+    if _c is not None:
+        _c.codes_by_id(infos, into)
+        return
+    chosen = {id(info.code): info.code for info in infos}
+    for d in into:
+        d.update(chosen)
+
+
 def default_registry() -> Registry:
     """The process-wide registry."""
     global _default
