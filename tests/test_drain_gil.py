@@ -22,7 +22,7 @@ import warnings
 import pytest
 
 import test_fused_drain as fd
-from rethook.buffer import tracefile
+from rethook.buffer import native, tracefile
 from rethook.buffer.tracefile import TraceWriter
 from rethook.tracers.formats import builtin_registry
 from test_fused_drain import CODES, TID, cring, finish, fused, names, tuple_path, write_records
@@ -329,6 +329,39 @@ def test_new_codes_take_the_gil_for_themselves_only(every, gil_mode):
     assert held() - before == len(codes)  # one record per new code
     assert wa._strings == wb._strings
     assert finish(wa) == finish(wb)
+
+
+def _minor_faults() -> int:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+
+
+def test_a_ring_that_is_off_is_not_paged_ahead(gil_mode):
+    """A released call pages in where the ring's writers go next (ahead_of), unless the ring
+    is off (tracing_on 0: a recording's last drain), where nothing will write it again. Seen
+    in the page faults of writing there afterwards (the ring turned on again), not timed."""
+    import re
+
+    release = re.match(r"(\d+)\.(\d+)", os.uname().release)
+    if sys.platform != "linux" or release is None or tuple(map(int, release.groups())) < (5, 14):
+        pytest.skip("no MADV_POPULATE_WRITE here")
+    gil_mode(RELEASE)
+    count = 40_000
+    pages = count * native.RECORD_BYTES // 4096
+    faults = {}
+    for on in (True, False):
+        ring, w = cring.Ring(1 << 17, TID), fd.new_writer()
+        storm((ring,), 100)
+        assert fused(w, ring) == 100  # (names the codes, sizes the scratch memory)
+        storm((ring,), count)
+        ring.on = on
+        assert fused(w, ring) == count  # (its array taken out: the ring goes on in another)
+        ring.on = True
+        before = _minor_faults()
+        storm((ring,), count)  # where the writers go next
+        faults[on] = _minor_faults() - before
+    assert faults[True] < pages // 10 and faults[False] > pages // 2, (faults, pages)
 
 
 # -- other threads while the GIL is released -----------------------------------------------------

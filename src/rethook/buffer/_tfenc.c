@@ -3185,6 +3185,9 @@ ahead_want(uint64_t n, uint64_t cap)
 static void
 ahead_of(const rh_ring *rg, rh_rec *taken, uint64_t n, Detached *d)
 {
+    if (!rg->on)
+        return; /* nothing writes it now (the recording's last drain: its pages would be a
+                 * cost for nothing, ~1 ms a 20 k-event program's end) */
     const uint64_t cap = rg->capacity, want = ahead_want(n, cap);
     ahead_in(rg->recs, cap, rg->wpos, want, d->ahead, d->ahead_bytes);
     ahead_in(taken, cap, rg->wpos, want, d->ahead + 2, d->ahead_bytes + 2);
@@ -3196,7 +3199,7 @@ ahead_of(const rh_ring *rg, rh_rec *taken, uint64_t n, Detached *d)
 static void
 page_ahead_in_place(const rh_ring *rg, uint64_t n, const rh_round_api *round)
 {
-    if (round == NULL)
+    if (round == NULL || !rg->on)
         return;
     const uint64_t cap = rg->capacity, want = ahead_want(n, cap);
     rh_rec *at[2];
