@@ -435,11 +435,10 @@ class TraceWriter:
         call also writes its chunks to a regular file itself (the STR chunks of the strings
         it adds among them), still without the GIL, when nothing must come before them (a
         loss to report, a definition); otherwise the chunks of the call go to the file in
-        one write, the GIL held (the
-        drain thread of ``rethook record``: each time it lets the GIL go, a CPU-bound
-        program keeps it a switch interval once the drain wants it back, filling the ring
-        meanwhile). The caller's ring may then have a new array, of the same size.
-        Otherwise it is that very call. One thread at a time may use a writer;
+        one write, the GIL held (the drain thread of ``rethook record``: each time it lets
+        the GIL go, a CPU-bound program keeps it a switch interval once the drain wants it
+        back, filling the ring meanwhile). The caller's ring may then have a new array, of
+        the same size. Otherwise it is that very call. One thread at a time may use a writer;
         :meth:`close` from another thread waits for a call in progress to end, and one
         from ``name_of`` takes effect when the call ends.
 

@@ -1335,8 +1335,7 @@ _c = _load_c()
 
 def codes_by_id(infos: Iterable[FunctionInfo], into: tuple[dict[int, CodeType], ...]) -> None:
     """Add ``id(info.code): info.code`` of each of ``infos`` to each dict of ``into``: how the
-    engine selects and defers a module's worth of new functions (in C where built: ~1 us a
-    function in Python there, with its three dicts)."""
+    engine selects a module's worth of new functions (in C where built, in one pass)."""
     if _c is not None:
         _c.codes_by_id(infos, into)
         return
