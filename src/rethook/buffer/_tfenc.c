@@ -2171,8 +2171,8 @@ pend_resolve(Fused *f)
             rc = -1;
         else {
             int32_t p = f->npend++;
-            Py_ssize_t len = 0;
-            const char *utf8 = PyUnicode_Check(slot->name)
+            Py_ssize_t len = 0; /* (its UTF-8 only where write_window() may write it) */
+            const char *utf8 = f->fd >= 0 && PyUnicode_Check(slot->name)
                                    ? PyUnicode_AsUTF8AndSize(slot->name, &len) : NULL;
             if (utf8 == NULL)
                 PyErr_Clear();

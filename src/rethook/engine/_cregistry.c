@@ -20,8 +20,11 @@
  *       several functions of one name share a line)
  *   namespace_functions(module, known, owners) -> list of functions
  *       registry._namespace_functions
+ *   codes_by_id(infos, dicts)
+ *       registry.codes_by_id: id(info.code) -> info.code into each dict
  *
- * Nothing here runs user code: only builtin types' fields and plain dicts are read.
+ * Nothing here runs user code: only builtin types' fields and plain dicts are read (but for
+ * codes_by_id given something other than a FunctionInfo: its ``code`` attribute).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
