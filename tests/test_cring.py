@@ -685,6 +685,36 @@ def test_tracefs_views_and_recorder_include_native_events(engine, tmp_path, crin
     assert recorder.events == 4 and recorder.lost == 0
 
 
+def test_a_recorder_starts_with_the_program_threads_ring(engine, tmp_path, cring):
+    """A recording whose tracer is native makes the starting thread's ring (the program's)
+    before its drain's first wait, and that wait comes before start() returns: the drain
+    pages the ring's first part in while the program starts, where the request would
+    otherwise wait for the drain's first turn at the GIL (a switch interval, by which time a
+    short program has written it, a fault a page)."""
+    from rethook.control import Tracefs
+    from rethook.runner.observers import Recorder
+
+    fs = Tracefs()
+    try:
+        fs.write("set_ftrace_filter", "programs.shapes.slow")  # never called here
+        fs.write("current_tracer", "function_graph")
+        if getattr(fs.tracer.ops, "native", None) is None:
+            pytest.skip("the tracer's user is not native here")
+        assert fs.ctx.buffer.local().native is None
+        recorder = Recorder(str(tmp_path / "trace.dat"), {"tracer": "function_graph"})
+        recorder.start(fs)
+        try:
+            assert fs.ctx.buffer.local().native is not None
+            assert recorder._thread is not None and recorder._thread.alive
+        finally:
+            recorder.stop(fs)
+            fs.write("tracing_on", "0")
+            recorder.finish(fs)
+    finally:
+        fs.close()
+    assert recorder.error is None and recorder.lost == 0
+
+
 def test_c_decoding_equals_the_python_reference(cring):
     """Readers decode in C (Ring.events/consume with tid and name_of); native.decode is the
     reference: the same tuples for every record type, non-consuming and consuming."""

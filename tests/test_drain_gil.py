@@ -337,15 +337,58 @@ def _minor_faults() -> int:
     return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
 
 
-def test_a_ring_that_is_off_is_not_paged_ahead(gil_mode):
-    """A released call pages in where the ring's writers go next (ahead_of), unless the ring
-    is off (tracing_on 0: a recording's last drain), where nothing will write it again. Seen
-    in the page faults of writing there afterwards (the ring turned on again), not timed."""
+def _skip_without_populate() -> None:
     import re
 
     release = re.match(r"(\d+)\.(\d+)", os.uname().release)
     if sys.platform != "linux" or release is None or tuple(map(int, release.groups())) < (5, 14):
         pytest.skip("no MADV_POPULATE_WRITE here")
+
+
+def test_a_fresh_ring_faults_once_a_page():
+    """A writer does not read the slot it fills below the ring's capacity (empty by the
+    ring's invariant): a read of a page nobody has touched maps the zero page, and the write
+    then faults a second time. Counted, not timed."""
+    if sys.platform != "linux":
+        pytest.skip("per-thread fault counts are Linux's")
+    count = 40_000
+    pages = count * native.RECORD_BYTES // 4096
+    ring = cring.Ring(1 << 17, TID)  # (mapped on its own: fresh pages)
+    before = _minor_faults()
+    storm((ring,), count)
+    faults = _minor_faults() - before
+    assert faults < pages * 1.2, (faults, pages)  # (782 when the slot was read first)
+
+
+def test_reserve_has_the_drain_page_in_a_first_round():
+    """TraceWriter.prepare_native asks the drain to page in what a first round of a quarter
+    ring writes of the encoder's memory (served in its next wait, without the GIL): the
+    round then meets far fewer fresh pages than when the request is dropped."""
+    _skip_without_populate()
+    ccore = pytest.importorskip("rethook.engine._ccore", reason="the C core is not built")
+    capacity = 1 << 17
+    faults = {}
+    for served in (False, True):
+        _tfenc.free_scratch()
+        w, ring = fd.new_writer(), cring.Ring(capacity, TID)
+        storm((ring,), capacity // 4)
+        w.prepare_native(capacity)
+        if served:
+            ccore.drain_wait(0.001, False)  # (the drain's wait: serves the requests)
+        else:
+            ccore.drain_end()  # (drops them)
+        before = _minor_faults()
+        assert fused(w, ring) == capacity // 4
+        faults[served] = _minor_faults() - before
+    _tfenc.free_scratch()
+    assert faults[True] < faults[False] * 0.8, faults  # (~1,500 against ~2,400)
+
+
+def test_a_ring_that_is_off_is_not_paged_ahead(gil_mode):
+    """A released call pages in where the ring's writers go next (ahead_of), unless the ring
+    is off (tracing_on 0: a recording's last drain), where nothing will write it again. Seen
+    in the page faults of writing there afterwards (the ring turned on again), not timed."""
+    _skip_without_populate()
     gil_mode(RELEASE)
     count = 40_000
     pages = count * native.RECORD_BYTES // 4096

@@ -291,7 +291,7 @@ round_wake(void)
  * paged in. Requests past PAGE_REQUESTS are dropped (the writer pages them, as before), and
  * so are those left when the drain ends (drain_end); a poll (the last rounds of a recording)
  * pages nothing. */
-#define PAGE_REQUESTS 8
+#define PAGE_REQUESTS 16
 static struct {
     void *p;
     size_t n;

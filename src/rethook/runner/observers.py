@@ -9,6 +9,7 @@ is counted and written), :class:`Streamer` prints events live (``rethook stream`
 
 from __future__ import annotations
 
+import _thread
 import errno
 import os
 import stat
@@ -35,6 +36,8 @@ if TYPE_CHECKING:
 #: How long a drain thread waits for events before looking again (it wakes at once when a
 #: page of events completes).
 DRAIN_POLL_SECONDS = 0.1
+#: How long starting a drain thread waits for it to reach its loop (see _Drain._spawn).
+READY_SECONDS = 0.5
 
 
 class Observer:
@@ -80,15 +83,25 @@ class _Drain(Observer):
     def start(self, fs: Tracefs) -> None:
         self.fs = fs
         self._pipe = fs.ctx.buffer.pipe()
-        self._spawn()
+        self._spawn(wait=True)
         os.register_at_fork(before=self._before_fork, after_in_parent=self._after_fork_parent,
                             after_in_child=self._after_fork_child)
 
-    def _spawn(self) -> None:
+    def _spawn(self, wait: bool = False) -> None:
+        """Start the thread; ``wait``: until it reaches its loop. Until the thread first
+        waits, it needs the GIL, which the program's thread keeps for a switch interval (5
+        ms) as the program starts: meanwhile nobody pages in the rings' first parts ahead of
+        their writers (engine/_ccore.c, "Paging ahead"), and the program's thread faults on
+        every fresh page of them. Waiting costs two hand-offs of the GIL. (Not after a fork:
+        the thread would lift the hushed fork warning before ``os.fork()`` gives it.)"""
         self._stopping = False
         self._running = True
-        self._thread = HiddenThread(self._run)
+        ready = _thread.allocate_lock()
+        ready.acquire()
+        self._thread = HiddenThread(self._run, ready)
         self._thread.start()
+        if wait:
+            ready.acquire(timeout=READY_SECONDS)  # (bounded: it may fail before its loop)
 
     def _join(self, until_gone: bool = False) -> None:
         if self._running and self._thread is not None:
@@ -98,7 +111,8 @@ class _Drain(Observer):
             self._thread.join(until_gone=until_gone)
             self._running = False
 
-    def _run(self) -> None:
+    def _run(self, ready: Any) -> None:
+        ready.release()  # (it goes on to its first wait, where it lets the GIL go)
         try:
             while not self._stopping:
                 # rethook's own work: the stdlib code it runs is not the program's (-l '*').
@@ -217,12 +231,16 @@ class Recorder(_Drain):
                 kb = fs.ctx.buffer.size_kb
                 raise SettingError("-b", str(kb), "not enough memory to drain a buffer of "
                                    f"{kb} KiB per thread") from None
+            # This thread, the program's, writes first, as the program starts: its ring made
+            # now has its first part paged in by the drain meanwhile (_Drain._spawn), which
+            # would otherwise reach the ring's request a switch interval late.
+            fs.ctx.buffer.native_local(fs.ctx.registry.name)
         super().start(fs)
 
-    def _spawn(self) -> None:
+    def _spawn(self, wait: bool = False) -> None:
         # from now until the thread's drain_end, the program's threads may wait for it
         self.fs.ctx.engine.core.drain_blocking(self.blocking_ms / 1000)
-        super()._spawn()
+        super()._spawn(wait)
 
     def _discard(self) -> None:
         """Close the file and remove it, if it is one (not /dev/full, not a pipe)."""
