@@ -366,13 +366,14 @@ def _armed(engine, code) -> bool:
 
 
 @contextlib.contextmanager
-def _recorded_module(engine, tmp_path, monkeypatch, source: str):
+def _recorded_module(engine, tmp_path, monkeypatch, source: str, filt: str = "*:mod:{name}"):
     """A fresh module of ``source``, imported through the import hook while a Recorder of
-    ``*:mod:`` it runs: yields (module, recorder); the recorder leaves at the end."""
+    ``filt`` (default: ``*:mod:`` the module) runs: yields (module, recorder); the recorder
+    leaves at the end."""
     name = fresh_name()
     (tmp_path / f"{name}.py").write_text(textwrap.dedent(source))
     monkeypatch.syspath_prepend(str(tmp_path))
-    rec = Recorder(f"*:mod:{name}")
+    rec = Recorder(filt.format(name=name))
     engine.register_ftrace_graph(rec)
     try:
         yield importlib.import_module(name), rec
@@ -411,6 +412,64 @@ def test_a_modules_functions_are_hooked_at_their_first_call(engine, tmp_path, mo
     calls = [n for n in rec.names() if n.startswith("dx_")]
     assert calls == ["dx_outer"] + ["dx_inner"] * 3 + ["dx_method", "dx_inner", "dx_unused"]
     rec.assert_exactly_once()
+
+
+def test_a_filter_of_every_function_selects_them_by_their_registration(
+        engine, tmp_path, monkeypatch):
+    """A user whose filter takes every function (``*``) selects what the registry registers
+    as it is registered, with no id of it copied anywhere by the engine: each is hooked at
+    its first call like the functions of a module-wide filter, those never called cost
+    nothing, and rethook's own functions, registered when they first run, are disabled
+    there, not hooked."""
+    from rethook.engine import registry as registry_module
+
+    with _recorded_module(engine, tmp_path, monkeypatch, """
+        def dx_outer(n):
+            return [dx_inner(i) for i in range(n)]
+
+        def dx_inner(i):
+            return i * 2
+
+        def dx_unused():
+            return 0
+    """, filt="*") as (mod, rec):
+        assert engine._unarmed == {}  # (nothing selected a function at a time)
+        selected = {i.code.co_name for i, _, _ in engine.enabled_functions()
+                    if i.module == mod.__name__}
+        assert {"dx_outer", "dx_inner", "dx_unused"} <= selected
+        assert engine.stats()["hooked_functions"] >= 3
+        assert mod.dx_outer(2) == [0, 2]
+        assert _armed(engine, mod.dx_outer.__code__) and _armed(engine, mod.dx_inner.__code__)
+        assert not _armed(engine, mod.dx_unused.__code__)
+        own = registry_module._file_stamp  # (rethook's: never hooked)
+        assert own(str(tmp_path)) is not None
+        assert not _armed(engine, own.__code__)
+    calls = [n for n in rec.names() if n.startswith("dx_")]
+    assert calls == ["dx_outer", "dx_inner", "dx_inner"]
+    assert not any("_file_stamp" in n for n in rec.names())
+    rec.assert_exactly_once()
+
+
+def test_every_function_and_a_module_filter_together(engine, tmp_path, monkeypatch):
+    """An implicit selection (``*``) and an explicit one (a module's ``*:mod:``) side by
+    side: each function is hooked once, at its first call, for the users that select it."""
+    with _recorded_module(engine, tmp_path, monkeypatch, """
+        def dx_a():
+            return dx_b() + 1
+
+        def dx_b():
+            return 2
+    """, filt="*") as (mod, every):
+        only = Recorder(f"dx_b:mod:{mod.__name__}")
+        engine.register_ftrace_graph(only)
+        try:
+            assert mod.dx_a() == 3 and mod.dx_a() == 3
+        finally:
+            engine.unregister_ftrace_graph(only)
+    assert [n for n in every.names() if n.startswith("dx_")] == ["dx_a", "dx_b"] * 2
+    assert only.names() == ["dx_b"] * 2
+    every.assert_exactly_once()
+    only.assert_exactly_once()
 
 
 def test_a_function_first_run_in_rethooks_work_is_hooked_when_the_program_calls_it(

@@ -116,6 +116,7 @@ static PyObject *discover_hook, *known_ids, *known_bodies, *disabled_ids, *monit
 /* Hooking on first call (set_discovery): the engine's dict id(code) -> code of functions its
  * users selected but not hooked yet, and its arm(code), which hooks one; or NULL. */
 static PyObject *unarmed_ids, *arm_hook;
+static int arm_known; /* set_arm_known(): every known function goes to arm_hook too */
 static PyObject *own_package, *own_prefix; /* core.OWN_PACKAGE, and it with a dot */
 static PyObject *s_name;                   /* "__name__" */
 
@@ -2181,11 +2182,13 @@ rethooks_work(PyObject *hook, PyObject *code, int with_frame)
 }
 
 /* PY_START of a function the engine's users selected and left to hook at its first call
- * (set_discovery's unarmed): the engine's arm(code) hooks it, then this call is dispatched
- * as a hooked one. Not hooked (the engine busy in another thread, or stopped): nothing now,
- * the next call asks again (PY_START stays enabled). */
+ * (set_discovery's unarmed, or any known function with arm_known): the engine's arm(code)
+ * hooks it, then this call is dispatched as a hooked one. Not hooked (the engine busy in
+ * another thread, or stopped): nothing now, the next call asks again (PY_START stays
+ * enabled). arm() answering False (no user selects it): NULL with *declined set and no
+ * error, for the caller to disable it as code nobody wants. */
 static PyObject *
-arm_and_start(PyObject *const *args, Py_ssize_t nargs)
+arm_and_start(PyObject *const *args, Py_ssize_t nargs, int *declined)
 {
     PyObject *code = args[0], *pending = NULL;
     if (arm_hook == NULL)
@@ -2199,10 +2202,23 @@ arm_and_start(PyObject *const *args, Py_ssize_t nargs)
         stash_error(&pending);
         return finish(pending);
     }
+    int no = r == Py_False;
     Py_DECREF(r);
+    if (no) {
+        *declined = 1;
+        return NULL;
+    }
     if (lookup(code) != NULL)
         return on_start(NULL, args, nargs);
     Py_RETURN_NONE;
+}
+
+/* Whether code is a function that arm_known hands to arm_hook (a known module or class
+ * body is never hooked). */
+static inline int
+arms_known(PyObject *code)
+{
+    return arm_known && PyCode_Check(code) && (((PyCodeObject *)code)->co_flags & CO_NEWLOCALS);
 }
 
 /* PY_START of code that is not in the table (core.py's _sight, see "Discovery" there): unknown
@@ -2224,14 +2240,20 @@ sight(PyObject *const *args, Py_ssize_t nargs, int busy)
     if (known < 0)
         goto error;
     if (known && unarmed_ids != NULL) {
-        int u = PyDict_Contains(unarmed_ids, key);
+        int u = arms_known(code) ? 1 : PyDict_Contains(unarmed_ids, key);
         if (u < 0)
             goto error;
         if (u) { /* selected, hooked at its first call: now, or the program's next one */
-            Py_DECREF(key);
-            if (busy)
+            if (busy) {
+                Py_DECREF(key);
                 Py_RETURN_NONE;
-            return arm_and_start(args, nargs);
+            }
+            int declined = 0;
+            PyObject *r = arm_and_start(args, nargs, &declined);
+            if (!declined) {
+                Py_DECREF(key);
+                return r;
+            } /* (nobody selects it: disabled below) */
         }
     }
     if (!known && busy) {
@@ -2260,14 +2282,20 @@ sight(PyObject *const *args, Py_ssize_t nargs, int busy)
             return on_start(NULL, args, nargs);
         }
         int u = unarmed_ids != NULL ? PyDict_Contains(unarmed_ids, key) : 0;
+        if (u == 0 && unarmed_ids != NULL && arms_known(code))
+            u = PyDict_Contains(known_ids, key);
         if (u < 0)
             goto error;
         if (u) { /* registered just now, to be hooked at its first call: this one */
-            Py_DECREF(key);
-            return arm_and_start(args, nargs);
+            int declined = 0;
+            PyObject *r = arm_and_start(args, nargs, &declined);
+            if (!declined) {
+                Py_DECREF(key);
+                return r;
+            } /* (nobody selects it: disabled below) */
         }
-        if (!seen || discover_hook == NULL) { /* not registered now (look again next time),
-                                                 * or the engine stopped meanwhile */
+        else if (!seen || discover_hook == NULL) { /* not registered now (look again next
+                                                     * time), or the engine stopped */
             Py_DECREF(key);
             Py_RETURN_NONE;
         }
@@ -3317,6 +3345,7 @@ set_discovery(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nar
                         "arm]]) or (None, None)");
         return NULL;
     }
+    arm_known = 0; /* (until set_arm_known) */
     if (args[0] == Py_None) {
         Py_CLEAR(discover_hook);
         Py_CLEAR(unarmed_ids);
@@ -3331,6 +3360,16 @@ set_discovery(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nar
         Py_XSETREF(unarmed_ids, unarmed == Py_None ? NULL : Py_NewRef(unarmed));
         Py_XSETREF(discover_hook, Py_NewRef(args[0]));
     }
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+set_arm_known(PyObject *Py_UNUSED(module), PyObject *arg)
+{
+    int on = PyObject_IsTrue(arg);
+    if (on < 0)
+        return NULL;
+    arm_known = on && arm_hook != NULL;
     Py_RETURN_NONE;
 }
 
@@ -3513,6 +3552,9 @@ static PyMethodDef methods[] = {
      "Whether the callbacks' fast lanes read the thread state directly (fasttstate.h)."},
     {"set_overflow", (PyCFunction)(void (*)(void))set_overflow, METH_FASTCALL,
      "set_overflow(hook, limit): hook() runs when more than limit records are parked."},
+    {"set_arm_known", set_arm_known, METH_O,
+     "set_arm_known(on): also call set_discovery's arm on the first call of every known "
+     "function, not only of those in unarmed (off again at each set_discovery)"},
     {"set_discovery", (PyCFunction)(void (*)(void))set_discovery, METH_FASTCALL,
      "set_discovery(hook, known[, bodies]): discover code not in known (nor, for a module or "
      "class body, in bodies) on its first call; (None, None) "

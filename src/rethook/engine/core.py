@@ -279,7 +279,9 @@ _discover: Callable[[CodeType, FrameType | None], bool] | None = None
 _known: Any = {}  # id(code) -> anything, for every code object the registry knows
 _bodies: Any = {}  # id(code) -> anything, for module and class bodies it walked (no function)
 _unarmed: Any = {}  # id(code) -> code: selected by the engine's users, hooked at first call
-_arm: Callable[[CodeType], None] | None = None  # the engine's: hooks one of _unarmed
+_arm: Callable[[CodeType], bool] | None = None  # the engine's: hooks one of _unarmed
+_arm_known = False  # set_arm_known: every known function goes to _arm at its first call too
+_DECLINED = object()  # (_arm_and_start: the engine's users select no such function)
 _disabled: set[int] = set()  # ids of code answered DISABLE since the last restart_events()
 _DISABLE = sys.monitoring.DISABLE
 _CO_NEWLOCALS = 0x0002  # co_flags of a function's code (not a module or class body)
@@ -638,9 +640,14 @@ def _sight(code: CodeType, offset: int, up: int, busy: bool) -> Any:
         return None  # discovery is off: only hooked code has PY_START
     key = id(code)
     known = key in _known or (not code.co_flags & _CO_NEWLOCALS and key in _bodies)
-    if known and key in _unarmed:  # hooked at its first call: now, or the program's next one
-        return None if busy else _arm_and_start(code, offset, up)
-    if not known and busy:
+    if known and (key in _unarmed or (_arm_known and code.co_flags & _CO_NEWLOCALS)):
+        # hooked at its first call: now, or the program's next one; or, declined, disabled
+        if busy:
+            return None
+        started = _arm_and_start(code, offset, up)
+        if started is not _DECLINED:
+            return started
+    elif not known and busy:
         module = _getframe(up + 1).f_globals.get("__name__")
         if not (type(module) is str and is_own_module(module)):
             return None  # a handler or rethook's own work: discovered when the program runs it
@@ -654,9 +661,12 @@ def _sight(code: CodeType, offset: int, up: int, busy: bool) -> Any:
             return None
         if key in _table:  # a filter wants it: this very call is a hooked one
             return _on_start(code, offset, up + 2)
-        if key in _unarmed:  # registered just now, to be hooked at its first call: this one
-            return _arm_and_start(code, offset, up)
-        if not seen or _discover is None:
+        if key in _unarmed or (_arm_known and code.co_flags & _CO_NEWLOCALS and key in _known):
+            # registered just now, to be hooked at its first call: this one
+            started = _arm_and_start(code, offset, up)
+            if started is not _DECLINED:
+                return started
+        elif not seen or _discover is None:
             return None  # not registered now (look again next time), or the engine stopped
     if code.co_flags & _CO_NEWLOCALS:  # (a module or class body is never hooked: not noted)
         _disabled.add(key)
@@ -668,13 +678,19 @@ def _sight(code: CodeType, offset: int, up: int, busy: bool) -> Any:
 
 
 def _arm_and_start(code: CodeType, offset: int, up: int) -> Any:
-    """PY_START of code in ``_unarmed``: the engine's arm hook hooks it, then the call is
-    dispatched as a hooked one; not hooked (the engine busy in another thread, or stopped):
-    nothing now, the next call asks again."""
+    """PY_START of code in ``_unarmed`` (or of any known function, with ``_arm_known``): the
+    engine's arm hook hooks it, then the call is dispatched as a hooked one; not hooked (the
+    engine busy in another thread, or stopped): nothing now, the next call asks again;
+    ``_DECLINED`` when the arm hook answers that no user selects it (disabled then)."""
     arm = _arm
     try:  # (one call more: at the program's recursion limit it fails here)
-        if arm is None or not _rethooks_work(arm, code)[0]:
+        if arm is None:
             return None
+        done, armed = _rethooks_work(arm, code)
+        if not done:
+            return None
+        if armed is False:
+            return _DECLINED
     except RecursionError:
         return None
     if id(code) in _table:
@@ -990,7 +1006,8 @@ class PyCore:
         (the same for bodies, whose first run then needs no call); it registers the code and
         answers whether it did (False: look again next time). ``arm(code)`` is called on the
         first call of code whose id is in ``unarmed`` (a dict id -> code its owner keeps), to
-        hook it; a call it hooked is dispatched as a hooked one.
+        hook it; a call it hooked is dispatched as a hooked one. It answers False when no
+        user selects the code (its PY_START is then disabled, as for code nobody wants).
         """
         self._discovery_state(hook, known, bodies, unarmed, arm)
         self._discovering = hook is not None
@@ -1022,11 +1039,12 @@ class PyCore:
     def _discovery_state(hook: Callable[[CodeType, FrameType | None], bool] | None,
                          known: Any, bodies: Any = None, unarmed: Any = None,
                          arm: Callable[[CodeType], None] | None = None) -> None:
-        global _discover, _known, _bodies, _unarmed, _arm
+        global _discover, _known, _bodies, _unarmed, _arm, _arm_known
         _known = known if hook is not None else {}
         _bodies = bodies if hook is not None and bodies is not None else {}
         _arm = arm if hook is not None and unarmed is not None else None
         _unarmed = unarmed if _arm is not None else {}
+        _arm_known = False  # (until set_arm_known)
         _discover = hook
 
     @staticmethod
@@ -1050,6 +1068,15 @@ class PyCore:
     def set_max_depth(depth: int) -> None:
         global _max_depth
         _max_depth = depth
+
+    @staticmethod
+    def set_arm_known(on: bool) -> None:
+        """Also hand the arm hook (set_discovery's) every known function at its first call,
+        not only those in ``unarmed``: for users that select every function the registry
+        knows, kept in no dict of ids (the engine's implicit selection). Off again whenever
+        discovery is set."""
+        global _arm_known
+        _arm_known = bool(on) and _arm is not None
 
     @staticmethod
     def set_sweeping(on: bool) -> None:

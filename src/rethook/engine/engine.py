@@ -35,6 +35,7 @@ import sys
 import threading
 import time
 import warnings
+from collections.abc import Mapping
 from types import CodeType, FrameType
 
 from rethook.engine import clock, forklocks, toolid
@@ -61,6 +62,7 @@ from rethook.engine.core import (
 )
 from rethook.engine.filters import FunctionFilter
 from rethook.engine.registry import (
+    NON_FUNCTION_KINDS,
     FunctionInfo,
     Registry,
     codes_by_id,
@@ -71,7 +73,7 @@ from rethook.engine.select import choose_core
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
+    from collections.abc import Callable, Iterable, Iterator
     from typing import Any
 
 #: Number of graph-user slots (the kernel's FGRAPH_ARRAY_SIZE is 16).
@@ -137,6 +139,41 @@ def _leave_events(tool_id: int, code: CodeType, events: int) -> None:
 def _own_code(info: FunctionInfo) -> bool:
     """rethook never hooks itself (the kernel's ``notrace`` on the tracing code)."""
     return is_own_module(info.module)
+
+
+def _selectable(info: FunctionInfo) -> bool:
+    """A registered function a filter can select: not a module or class body, not rethook's."""
+    return info.kind not in NON_FUNCTION_KINDS and not is_own_module(info.module)
+
+
+class _EveryRegistered(Mapping):
+    """The selection of a user whose filter takes every function (``-l '*'``): ``id(code) ->
+    code`` of every function the registry has registered, rethook's own excepted, read from
+    the registry's own dict as it grows. A module's functions are then selected by being
+    registered, with no dict of ids filled a module at a time (~1 us a function, most of them
+    never called: sqlglot's import registers ~7,000); the cores hand each to
+    :meth:`Engine._arm` at its first call (``set_arm_known``). Read only."""
+
+    __slots__ = ("_by_id",)
+
+    def __init__(self, by_id: dict[int, FunctionInfo]) -> None:
+        self._by_id = by_id
+
+    def __contains__(self, key: object) -> bool:
+        info = self._by_id.get(key)  # type: ignore[call-overload]
+        return info is not None and _selectable(info)
+
+    def __getitem__(self, key: int) -> CodeType:
+        info = self._by_id.get(key)
+        if info is None or not _selectable(info):
+            raise KeyError(key)
+        return info.code
+
+    def __iter__(self) -> Iterator[int]:
+        return iter([key for key, info in list(self._by_id.items()) if _selectable(info)])
+
+    def __len__(self) -> int:
+        return sum(1 for info in list(self._by_id.values()) if _selectable(info))
 
 
 class _Ops:
@@ -279,12 +316,13 @@ class Engine:
         self._graph: dict[FgraphOps, _core.Registration] = {}
         self._entry: dict[FtraceOps, _core.EntryRegistration] = {}
         # id(code) -> code per user: code objects compare by value, so never a set of them
-        self._selection: dict[_Ops, dict[int, CodeType]] = {}
+        self._selection: dict[_Ops, Mapping[int, CodeType]] = {}
         self._events: dict[int, tuple[CodeType, int]] = {}  # local events we have set
         self._table: dict[int, tuple] = {}
         # id(code) -> code: new functions the users selected, hooked at their first call (the
         # cores' discovery hands them to _arm), shared with the core
         self._unarmed: dict[int, CodeType] = {}
+        self._implicit = False  # a user's selection is _EveryRegistered (see _selected)
         # _build's users' indices -> their _shared_dispatch, and the users in dispatch order,
         # while the users stay the same (both forgotten by _reconcile and _stop)
         self._shared: dict[tuple[int, ...], tuple] = {}
@@ -392,6 +430,7 @@ class Engine:
             self._graph.clear()
             self._entry.clear()
             self._selection.clear()
+            self._implicit = False  # (the core's flag went with its discovery, above)
             self._unarmed.clear()
             self._shared.clear()
             self._users = None
@@ -442,6 +481,7 @@ class Engine:
             self.start()
             self._entry[ops] = _core.EntryRegistration(ops)
             self._selection[ops] = self._select(ops)
+            self._selected()
             ops.engine = self
             self._reconcile([])
 
@@ -452,6 +492,7 @@ class Engine:
             if ereg is None:
                 raise EngineError(f"{ops!r} is not registered")
             self._selection.pop(ops, None)
+            self._selected()
             ops.engine = None
             if not self._last_user_left([]):
                 self._reconcile([], removing=True)
@@ -476,6 +517,7 @@ class Engine:
             self._slots[index] = reg
             self._graph[ops] = reg
             self._selection[ops] = self._select(ops)
+            self._selected()
             ops.engine = self
             self._reconcile([])
 
@@ -491,6 +533,7 @@ class Engine:
                 raise EngineError(f"{ops!r} is not registered")
             self._slots[reg.index] = None
             self._selection.pop(ops, None)
+            self._selected()
             ops.engine = None
             if not self._last_user_left([reg]):  # (which collects the parked calls first)
                 self.collect_parked()  # closed generators get FLAG_CLOSED, not FLAG_UNFINISHED
@@ -510,6 +553,7 @@ class Engine:
             old = self._selection[ops]
             new = self._select(ops)
             self._selection[ops] = new
+            self._selected()
             self._reconcile([], removing=bool(old.keys() - new.keys()))
 
     @_untraced
@@ -535,13 +579,22 @@ class Engine:
             self.stop()
 
     # --- resolution -----------------------------------------------------------------------
-    def _select(self, ops: _Ops) -> dict[int, CodeType]:
+    def _select(self, ops: _Ops) -> Mapping[int, CodeType]:
         # Registered functions only: a module the registry's scan found and has not
         # registered yet is registered when one of its functions first runs (discovery) or a
         # listing needs it, and _on_new_functions hooks what matches then. Code that never
         # runs costs nothing (-l '*' over the modules loaded before the program).
+        if ops.filter.takes_every:
+            return _EveryRegistered(self.registry.known_ids())
         return {id(info.code): info.code for info in ops.filter.select_infos(complete=False)
                 if not _own_code(info)}
+
+    def _selected(self) -> None:
+        """The users' selections changed: the cores hand every known function to _arm at its
+        first call while one of them is implicit (_EveryRegistered)."""
+        self._implicit = any(type(sel) is _EveryRegistered for sel in self._selection.values())
+        if self.running:
+            self.core.set_arm_known(self._implicit)
 
     @_untraced
     def _on_new_functions(self, infos: list[FunctionInfo]) -> None:
@@ -554,10 +607,8 @@ class Engine:
         forever. The functions then wait in ``_late`` for that thread, which hooks them once
         its own work is done (``_untraced``); a call of one of them missed meanwhile is
         re-armed when it is hooked (``_rearm``)."""
-        own = {m for m in {i.module for i in infos} if is_own_module(m)}
-        late = [i for i in infos if i.module not in own] if own else infos  # (never hooked)
         with self._late_lock:
-            self._late += late
+            self._late += infos  # (rethook's own are left out there, where a user looks)
         self._hook_late()
 
     def _hook_late(self) -> None:
@@ -571,7 +622,15 @@ class Engine:
                     continue
                 added: dict[int, CodeType] = {}
                 for ops, sel in self._selection.items():
-                    codes_by_id(ops.filter.matching(infos), (sel, added))
+                    if type(sel) is not _EveryRegistered:  # (selected by being registered)
+                        codes_by_id([i for i in ops.filter.matching(infos) if not _own_code(i)],
+                                    (sel, added))
+                disabled = self.core.disabled() if self._implicit else None
+                if disabled:  # (implicitly selected code whose first call is gone: _defer)
+                    for info in infos:
+                        key = id(info.code)
+                        if key in disabled and _selectable(info):
+                            added[key] = info.code
                 if added:
                     self._defer(added)
             finally:
@@ -594,22 +653,38 @@ class Engine:
         self._unarmed.update((k, c) for k, c in codes.items() if k not in now)
         self._hook_new(now)
 
-    def _arm(self, code: CodeType) -> None:
-        """The first call of a function :meth:`_defer` left (the core's discovery, in that
-        call's PY_START, the thread marked busy: no handler runs meanwhile, as under
-        ``notrace``): hook it, if the engine's lock is free (another thread's sweep may wait
-        for this very thread: then the next call asks again)."""
+    def _arm(self, code: CodeType) -> bool:
+        """The first call of a function :meth:`_defer` left, or of any function an implicit
+        selection takes (the core's discovery, in that call's PY_START, the thread marked
+        busy: no handler runs meanwhile, as under ``notrace``): hook it, if the engine's lock
+        is free (another thread's sweep may wait for this very thread: then the next call
+        asks again). False when no user selects it: the core disables it then."""
         key = id(code)
-        if key not in self._unarmed or not self._lock.acquire(blocking=False):
-            return
+        if key in self._table:
+            return True  # (hooked meanwhile)
+        if key not in self._unarmed and not (
+                self._implicit and any(key in sel for sel in self._selection.values()
+                                       if type(sel) is _EveryRegistered)):
+            return False
+        if not self._lock.acquire(blocking=False):
+            return True
         try:
-            code = self._unarmed.pop(key, None)
-            if code is not None and self.running:
+            self._unarmed.pop(key, None)
+            if self.running and key not in self._table:
                 self._hook_one(key, code)
         finally:
             self._lock.release()
         if self._late:  # (as _untraced: what another thread found while this one held it)
             self._hook_late()
+        return True
+
+    def _waiting(self) -> list[int]:
+        """Ids of the selected functions not hooked yet (hooked at their first call)."""
+        keys = set(self._unarmed)
+        for sel in self._selection.values():
+            if type(sel) is _EveryRegistered:
+                keys.update(k for k in sel if k not in self._events)
+        return list(keys)
 
     # --- building and publishing ----------------------------------------------------------
     def _build(self, only: Iterable[int] | None = None) -> dict[int, tuple[CodeType, int, tuple]]:
@@ -963,8 +1038,9 @@ class Engine:
         for key, (code, _) in self._events.items():
             entry, graph = self._table.get(key, ((), ()))[:2]
             out.append((self.registry.info(code), len(entry), len(graph)))
-        if self._unarmed:  # (hooked at their first call: their users are chosen already)
-            for code, _, dispatch in self._build(list(self._unarmed)).values():
+        waiting = self._waiting()  # (hooked at their first call: their users are chosen)
+        if waiting:
+            for code, _, dispatch in self._build(waiting).values():
                 out.append((self.registry.info(code), len(dispatch[0]), len(dispatch[1])))
         out.sort(key=lambda t: t[0].name)
         return out
@@ -975,7 +1051,7 @@ class Engine:
         states = self.core.thread_states()
         return {
             "threads": len(states),
-            "hooked_functions": len(self._events) + len(self._unarmed),
+            "hooked_functions": len(self._events) + len(self._waiting()),
             "open_calls": sum(len(ts.stack) for ts in states),
             "parked_calls": len(self.core.parked()),
             "overrun": sum(ts.overrun for ts in states) + self.core.dead_counts()[1],

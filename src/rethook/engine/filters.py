@@ -555,12 +555,18 @@ class FunctionFilter:
             return False
         return st.notrace_match is None or not st.notrace_match(info)
 
+    @property
+    def takes_every(self) -> bool:
+        """Whether every function matches, whatever its name or module: no filter pattern
+        or a bare ``*``, and no notrace pattern."""
+        st = self._state
+        return st.notrace_match is None and st.filter_match in (None, _match_every)
+
     def matching(self, infos: list[FunctionInfo]) -> list[FunctionInfo]:
         """Those of ``infos`` that :meth:`matches` takes, all at once where the filter takes
         every function (``-l '*'``, or none given, and no notrace: a module's worth of new
         functions is then not looked at one by one)."""
-        st = self._state
-        if st.notrace_match is None and st.filter_match in (None, _match_every):
+        if self.takes_every:
             return list(infos)
         return [info for info in infos if self.matches(info)]
 
