@@ -382,11 +382,8 @@ def _recorded_module(engine, tmp_path, monkeypatch, source: str, filt: str = "*:
         sys.modules.pop(name, None)
 
 
-def test_a_modules_functions_are_hooked_at_their_first_call(engine, tmp_path, monkeypatch):
-    """The functions a filter selects as their module loads are hooked when each is first
-    called (most never are): the first call recorded like every other, the ones never
-    called listed as enabled but costing nothing (no local events set)."""
-    with _recorded_module(engine, tmp_path, monkeypatch, """
+#: A module's source: a function calling another, and one nobody calls.
+OUTER_INNER_UNUSED = """
         def dx_outer(n):
             return [dx_inner(i) for i in range(n)]
 
@@ -395,7 +392,14 @@ def test_a_modules_functions_are_hooked_at_their_first_call(engine, tmp_path, mo
 
         def dx_unused():
             return 0
+"""
 
+
+def test_a_modules_functions_are_hooked_at_their_first_call(engine, tmp_path, monkeypatch):
+    """The functions a filter selects as their module loads are hooked when each is first
+    called (most never are): the first call recorded like every other, the ones never
+    called listed as enabled but costing nothing (no local events set)."""
+    with _recorded_module(engine, tmp_path, monkeypatch, OUTER_INNER_UNUSED + """
         class K:
             def dx_method(self):
                 return dx_inner(5)
@@ -423,16 +427,8 @@ def test_a_filter_of_every_function_selects_them_by_their_registration(
     there, not hooked."""
     from rethook.engine import registry as registry_module
 
-    with _recorded_module(engine, tmp_path, monkeypatch, """
-        def dx_outer(n):
-            return [dx_inner(i) for i in range(n)]
-
-        def dx_inner(i):
-            return i * 2
-
-        def dx_unused():
-            return 0
-    """, filt="*") as (mod, rec):
+    with _recorded_module(engine, tmp_path, monkeypatch, OUTER_INNER_UNUSED,
+                          filt="*") as (mod, rec):
         assert engine._unarmed == {}  # (nothing selected a function at a time)
         selected = {i.code.co_name for i, _, _ in engine.enabled_functions()
                     if i.module == mod.__name__}

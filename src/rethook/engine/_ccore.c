@@ -2213,6 +2213,20 @@ arm_and_start(PyObject *const *args, Py_ssize_t nargs, int *declined)
     Py_RETURN_NONE;
 }
 
+/* arm_and_start() for sight(): 1 with *res its answer (and key released) when that settled
+ * the call; 0 when arm() declined it (no user selects it: sight() disables it). */
+static int
+armed_start(PyObject *const *args, Py_ssize_t nargs, PyObject *key, PyObject **res)
+{
+    int declined = 0;
+    PyObject *r = arm_and_start(args, nargs, &declined);
+    if (declined)
+        return 0;
+    Py_DECREF(key);
+    *res = r;
+    return 1;
+}
+
 /* Whether code is a function that arm_known hands to arm_hook (a known module or class
  * body is never hooked). */
 static inline int
@@ -2248,12 +2262,9 @@ sight(PyObject *const *args, Py_ssize_t nargs, int busy)
                 Py_DECREF(key);
                 Py_RETURN_NONE;
             }
-            int declined = 0;
-            PyObject *r = arm_and_start(args, nargs, &declined);
-            if (!declined) {
-                Py_DECREF(key);
-                return r;
-            } /* (nobody selects it: disabled below) */
+            PyObject *res;
+            if (armed_start(args, nargs, key, &res))
+                return res; /* (else nobody selects it: disabled below) */
         }
     }
     if (!known && busy) {
@@ -2287,12 +2298,9 @@ sight(PyObject *const *args, Py_ssize_t nargs, int busy)
         if (u < 0)
             goto error;
         if (u) { /* registered just now, to be hooked at its first call: this one */
-            int declined = 0;
-            PyObject *r = arm_and_start(args, nargs, &declined);
-            if (!declined) {
-                Py_DECREF(key);
-                return r;
-            } /* (nobody selects it: disabled below) */
+            PyObject *res;
+            if (armed_start(args, nargs, key, &res))
+                return res; /* (else nobody selects it: disabled below) */
         }
         else if (!seen || discover_hook == NULL) { /* not registered now (look again next
                                                      * time), or the engine stopped */
