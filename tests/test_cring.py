@@ -685,6 +685,26 @@ def test_tracefs_views_and_recorder_include_native_events(engine, tmp_path, crin
     assert recorder.events == 4 and recorder.lost == 0
 
 
+def test_a_threads_first_buffer_while_every_function_is_traced():
+    """A thread that asks for its buffer itself (``local()``), not from a handler, while
+    every function is traced: what making the buffer runs in Python (the thread's name,
+    ``weakref.finalize``) is not traced, so no user comes back for the buffer while its lock
+    is held (it hung there). In a process of its own: a hang fails it by the timeout."""
+    import subprocess
+
+    script = (
+        "from rethook.control import Tracefs\n"
+        "fs = Tracefs()\n"
+        "fs.write('current_tracer', 'function_graph')\n"  # (every function, tracing on)
+        "buf = fs.ctx.buffer.local()\n"
+        "assert fs.ctx.buffer.local() is buf\n"
+        "fs.close()\n"
+        "print('ok')\n")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0 and r.stdout == "ok\n", r.stderr
+
+
 def test_a_recorder_starts_with_the_program_threads_ring(engine, tmp_path, cring):
     """A recording whose tracer is native makes the starting thread's ring (the program's)
     before its drain's first wait, and that wait comes before start() returns: the drain

@@ -95,6 +95,7 @@ from types import CodeType
 
 from rethook.buffer import native as _native
 from rethook.buffer.events import Event, Lost
+from rethook.engine.core import notrace
 from rethook.frozen import Row
 
 TYPE_CHECKING = False
@@ -683,15 +684,20 @@ class TraceBuffer:
             return self._attach()
 
     def _attach(self) -> ThreadBuffer:
-        ident = threading.get_ident()
-        thread = _known_thread(ident)
-        with self._lock:
-            buf = ThreadBuffer(self, threading.get_native_id(), thread, ident)
-            self._buffers.append(buf)
-        token = _ThreadToken(buf)
-        weakref.finalize(token, _mark_finished, weakref.ref(buf))
-        self._tls.token = token
-        self._tls.buf = buf
+        # rethook's own work, even when the program calls local() itself: the Python code
+        # run here (the Thread's name, weakref.finalize) traced would have a user write its
+        # first event from this thread, and come back here for its buffer (native_local),
+        # to wait on the lock this holds
+        with notrace():
+            ident = threading.get_ident()
+            thread = _known_thread(ident)
+            with self._lock:
+                buf = ThreadBuffer(self, threading.get_native_id(), thread, ident)
+                self._buffers.append(buf)
+            token = _ThreadToken(buf)
+            weakref.finalize(token, _mark_finished, weakref.ref(buf))
+            self._tls.token = token
+            self._tls.buf = buf
         return buf
 
     def append(self, event: Event) -> None:
