@@ -3568,30 +3568,37 @@ a recording starts). Their pages are met as they are used: the encoder's by the 
 that write them, a ring's array ahead of its writers by the call that detached the\n\
 array before it (see encode_ring()).");
 
+/* The scratch areas a call of n records in batches of at most `batch` writes, and how many
+ * bytes of each: what reserve() makes room for, and what page_first_round() pages in. */
+#define SCRATCH_AREAS 5
+static void
+scratch_needs(Scratch *sc, size_t n, size_t batch, Area *areas[SCRATCH_AREAS],
+              size_t bytes[SCRATCH_AREAS])
+{
+    size_t most = n < batch ? n : batch;
+    areas[0] = &sc->types, bytes[0] = n;
+    areas[1] = &sc->named, bytes[1] = n * sizeof(Named);
+    areas[2] = &sc->vals, bytes[2] = VALS_MAX(most) * sizeof(uint64_t);
+    areas[3] = &sc->out, bytes[3] = OUT_MAX(most) + n * OUT_USUAL;
+    areas[4] = &sc->drop, bytes[4] = n * 2 * sizeof(PyObject *);
+}
+
 /* What a drain round of a quarter ring (the drain's wake: cring.h) writes of the scratch
  * areas, asked of the drain to page in while it waits (drainround.h's page_ahead): a short
  * program's records are all encoded by the recording's last drain, as it finishes, which
  * would otherwise meet each of those fresh pages there (~1.7 us each here). */
 static void
-page_first_round(Scratch *sc, Py_ssize_t records, Py_ssize_t batch)
+page_first_round(Scratch *sc, size_t records, size_t batch)
 {
     const rh_round_api *round = rh_round_api_find();
-    size_t n = (size_t)RH_RING_WAKE_WATER(records), most = n < (size_t)batch ? n : (size_t)batch;
+    size_t n = (size_t)RH_RING_WAKE_WATER(records);
     if (round == NULL || n == 0)
         return;
-    const struct {
-        Area *a;
-        size_t bytes;
-    } first[] = {
-        {&sc->types, n},
-        {&sc->named, n * sizeof(Named)},
-        {&sc->vals, VALS_MAX(most) * sizeof(uint64_t)},
-        {&sc->out, OUT_MAX(most) + n * OUT_USUAL},
-        {&sc->drop, n * 2 * sizeof(PyObject *)},
-    };
-    for (size_t i = 0; i < sizeof(first) / sizeof(first[0]); i++)
-        round->page_ahead(first[i].a->p,
-                          first[i].bytes < first[i].a->bytes ? first[i].bytes : first[i].a->bytes);
+    Area *areas[SCRATCH_AREAS];
+    size_t bytes[SCRATCH_AREAS];
+    scratch_needs(sc, n, batch, areas, bytes);
+    for (int i = 0; i < SCRATCH_AREAS; i++)
+        round->page_ahead(areas[i]->p, bytes[i] < areas[i]->bytes ? bytes[i] : areas[i]->bytes);
 }
 
 static PyObject *
@@ -3615,20 +3622,19 @@ reserve(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Scratch *sc = &((State *)PyModule_GetState(module))->scratch;
     if (scratch_in_use(sc))
         Py_RETURN_NONE;
-    Py_ssize_t most = records < batch ? records : batch;
-    if (area_room(sc, &sc->types, (size_t)records) < 0 ||
-        area_room(sc, &sc->named, (size_t)records * sizeof(Named)) < 0 ||
-        area_room(sc, &sc->vals, VALS_MAX(most) * sizeof(uint64_t)) < 0 ||
-        area_room(sc, &sc->out, OUT_MAX(most) + (size_t)records * OUT_USUAL) < 0 ||
-        area_room(sc, &sc->drop, (size_t)records * 2 * sizeof(PyObject *)) < 0)
-        return NULL;
+    Area *areas[SCRATCH_AREAS];
+    size_t bytes[SCRATCH_AREAS];
+    scratch_needs(sc, (size_t)records, (size_t)batch, areas, bytes);
+    for (int i = 0; i < SCRATCH_AREAS; i++)
+        if (area_room(sc, areas[i], bytes[i]) < 0)
+            return NULL;
     /* the rings' spare array (encode_detached()), made now rather than by the first detach */
     const rh_cring_api *api = cring_api();
     if (api == NULL)
         return NULL;
     if (records > 0 && api->reserve_spare((uint64_t)records) == NULL)
         return NULL;
-    page_first_round(sc, records, most);
+    page_first_round(sc, (size_t)records, (size_t)batch);
     Py_RETURN_NONE;
 }
 

@@ -998,7 +998,7 @@ class PyCore:
 
     def set_discovery(self, hook: Callable[[CodeType, FrameType | None], bool] | None,
                       known: Any = None, bodies: Any = None, unarmed: Any = None,
-                      arm: Callable[[CodeType], None] | None = None) -> None:
+                      arm: Callable[[CodeType], bool] | None = None) -> None:
         """Turn discovery on (see Discovery) or off (``hook`` None).
 
         ``hook(code, frame)`` is called on the first call of code whose id is not in ``known``
@@ -1038,7 +1038,7 @@ class PyCore:
     @staticmethod
     def _discovery_state(hook: Callable[[CodeType, FrameType | None], bool] | None,
                          known: Any, bodies: Any = None, unarmed: Any = None,
-                         arm: Callable[[CodeType], None] | None = None) -> None:
+                         arm: Callable[[CodeType], bool] | None = None) -> None:
         global _discover, _known, _bodies, _unarmed, _arm, _arm_known
         _known = known if hook is not None else {}
         _bodies = bodies if hook is not None and bodies is not None else {}

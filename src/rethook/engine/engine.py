@@ -143,7 +143,7 @@ def _own_code(info: FunctionInfo) -> bool:
 
 def _selectable(info: FunctionInfo) -> bool:
     """A registered function a filter can select: not a module or class body, not rethook's."""
-    return info.kind not in NON_FUNCTION_KINDS and not is_own_module(info.module)
+    return info.kind not in NON_FUNCTION_KINDS and not _own_code(info)
 
 
 class _EveryRegistered(Mapping):
