@@ -147,6 +147,53 @@ def test_c_finds_in_a_namespace_what_python_finds(monkeypatch: pytest.MonkeyPatc
             assert _namespace(False, m, monkeypatch) == _namespace(True, m, monkeypatch), name
 
 
+def _registered_modules(mods: list[ModuleType], use_c: bool,
+                        monkeypatch: pytest.MonkeyPatch) -> tuple:
+    """Register each module's namespace (as discovery registers a module loaded before the
+    run, through _register_tops), twice: what each batch named, in order, and the state."""
+    with monkeypatch.context() as m:
+        if not use_c:
+            m.setattr(registry, "_c", None)
+        reg = registry.Registry()
+        batches = []
+        for _ in range(2):
+            for mod in mods:
+                with reg._lock:
+                    batches.append([_fields(i) for i in reg._register_module(mod)])
+        return batches, sorted(reg._bodies), reg._order, sorted(reg._taken), sorted(reg._modules)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(_block(), min_size=1, max_size=3))
+def test_c_registers_a_namespace_as_python_does(blocks: list[list[str]]) -> None:
+    """A namespace's functions (and what is nested in them) named alike by both: the tops'
+    two loops of _register_tops are C's collect_tops."""
+    mods = []
+    for i, b in enumerate(blocks):
+        mod = ModuleType(f"nsreg{i}")
+        try:
+            exec(compile("a = 1\n" + "\n".join(b) + "\n", f"/src/nsreg{i}.py", "exec"),
+                 mod.__dict__)
+        except Exception:  # noqa: BLE001 - (a block that fails as it runs: what ran stays)
+            pass
+        mods.append(mod)
+    with pytest.MonkeyPatch.context() as mp:
+        assert _registered_modules(mods, False, mp) == _registered_modules(mods, True, mp)
+
+
+def test_c_registers_the_standard_librarys_namespaces_as_python_does(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import collections
+    import json.decoder
+    import threading
+    import weakref
+
+    mods = [collections, threading, weakref, os, json.decoder, registry]
+    py = _registered_modules(mods, False, monkeypatch)
+    assert py == _registered_modules(mods, True, monkeypatch)
+    assert len(py[0][0]) > 50  # (collections' functions, named)
+
+
 def test_c_selects_codes_by_id_as_python_does(monkeypatch: pytest.MonkeyPatch) -> None:
     """codes_by_id (the engine's selection of a module's new functions): each info's
     ``id(code): code`` into every dict given, in C as in Python, whatever the dicts held;

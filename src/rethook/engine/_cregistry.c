@@ -8,13 +8,15 @@
  * anonymous): ``setup()`` hands them over once, and tests/test_registry.py checks that both
  * give the same names, kinds and order.
  *
- *   setup(kinds, anonymous, info_type, fields, keyed_ref)
+ *   setup(kinds, anonymous, info_type, fields, partial)
  *       kinds: the 10 kind names in KIND_* order; anonymous: the frozenset of anonymous leaf
  *       names; info_type: FunctionInfo; fields: its 8 slot descriptors in _FunctionFields
- *       order; keyed_ref: weakref.KeyedRef (a body's weak reference)
+ *       order; partial: functools.partial (a body's weak reference calls partial(drop, key))
  *   collect(code, module, qualname, entries, by_id, register_top, order, bodies, drop)
  *       -> order
  *       registry._collect: code and its unknown nested code into the batch ``entries``
+ *   collect_tops(tops, entries, by_id, order, bodies, drop) -> order
+ *       registry._register_tops' two loops over its sorted (code, module, qualname) tops
  *   commit(entries, by_id, taken, column) -> list of new FunctionInfo
  *       registry._name_batch and _name_apart (column: registry._column, asked only when
  *       several functions of one name share a line)
@@ -55,7 +57,7 @@ static PyObject *kinds[N_KINDS];
 static PyObject *anonymous;  /* frozenset of str */
 static PyTypeObject *info_type;
 static PyObject *fields[N_FIELDS];
-static PyObject *keyed_ref;
+static PyObject *partial_type; /* functools.partial (setup) */
 static PyObject *s_code, *s_wrapped, *s_func, *s_fget, *s_fset, *s_fdel, *s_module, *s_name,
     *s_dot, *s_lambda, *s_genexpr, *s_listcomp, *s_setcomp, *s_dictcomp, *s_generic,
     *s_module_body, *s_empty;
@@ -101,9 +103,9 @@ static PyObject *
 setup(PyObject *self, PyObject *args)
 {
     (void)self;
-    PyObject *k, *anon, *type, *f, *kref;
+    PyObject *k, *anon, *type, *f, *part;
     if (!PyArg_ParseTuple(args, "O!O!O!O!O", &PyTuple_Type, &k, &PyFrozenSet_Type, &anon,
-                          &PyType_Type, &type, &PyTuple_Type, &f, &kref))
+                          &PyType_Type, &type, &PyTuple_Type, &f, &part))
         return NULL;
     if (PyTuple_GET_SIZE(k) != N_KINDS || PyTuple_GET_SIZE(f) != N_FIELDS) {
         PyErr_Format(PyExc_ValueError, "_cregistry.setup: %d kinds and %d fields expected",
@@ -123,7 +125,7 @@ setup(PyObject *self, PyObject *args)
         Py_XSETREF(fields[i], Py_NewRef(PyTuple_GET_ITEM(f, i)));
     Py_XSETREF(anonymous, Py_NewRef(anon));
     Py_XSETREF(info_type, (PyTypeObject *)Py_NewRef(type));
-    Py_XSETREF(keyed_ref, Py_NewRef(kref));
+    Py_XSETREF(partial_type, Py_NewRef(part));
     Py_RETURN_NONE;
 }
 
@@ -171,14 +173,18 @@ pending_clear(Pending *p)
     Py_XDECREF(p->rename_new);
 }
 
-/* registry._remember_body: bodies[key] = KeyedRef(code, drop, key) */
+/* registry._remember_body: bodies[key] = weakref.ref(code, partial(drop, key)) */
 static int
 remember_body(PyObject *bodies, PyObject *drop, PyObject *code, PyObject *key)
 {
     int has = PyDict_Contains(bodies, key);
     if (has != 0)
         return has < 0 ? -1 : 0;
-    PyObject *ref = PyObject_CallFunctionObjArgs(keyed_ref, code, drop, key, NULL);
+    PyObject *callback = PyObject_CallFunctionObjArgs(partial_type, drop, key, NULL);
+    if (callback == NULL)
+        return -1;
+    PyObject *ref = PyWeakref_NewRef(code, callback);
+    Py_DECREF(callback);
     if (ref == NULL)
         return -1;
     int rc = PyDict_SetItem(bodies, key, ref);
@@ -215,30 +221,18 @@ renamed(PyObject *cq, PyObject *old, PyObject *new)
     return Py_NewRef(cq);
 }
 
-static PyObject *
-collect(PyObject *self, PyObject *args)
+/* registry._collect for one code (qualname NULL: its own): the new order, or -1 with an
+ * error set. */
+static Py_ssize_t
+collect_one(PyObject *code, PyObject *module, PyObject *qualname, PyObject *entries,
+            PyObject *by_id, int register_top, Py_ssize_t order, PyObject *bodies,
+            PyObject *drop)
 {
-    (void)self;
-    PyObject *code, *module, *qualname, *entries, *by_id, *bodies, *drop;
-    int register_top;
-    Py_ssize_t order;
-    if (!PyArg_ParseTuple(args, "O!UOO!O!pnO!O", &PyCode_Type, &code, &module, &qualname,
-                          &PyDict_Type, &entries, &PyDict_Type, &by_id, &register_top, &order,
-                          &PyDict_Type, &bodies, &drop))
-        return NULL;
-    if (!ready())
-        return NULL;
-    if (qualname == Py_None)
-        qualname = NULL;
-    else if (!PyUnicode_Check(qualname)) {
-        PyErr_SetString(PyExc_TypeError, "collect: qualname must be a str or None");
-        return NULL;
-    }
     Stack stack = {0};
     PyObject *key0 = PyLong_FromVoidPtr(code);
     if (key0 == NULL || push(&stack, key0, code, qualname, NULL, NULL) < 0) {
         Py_XDECREF(key0);
-        return NULL;
+        return -1;
     }
     Py_DECREF(key0);
     int failed = 0;
@@ -311,8 +305,75 @@ collect(PyObject *self, PyObject *args)
     while (stack.n)
         pending_clear(&stack.items[--stack.n]);
     PyMem_Free(stack.items);
-    if (failed)
+    return failed ? -1 : order;
+}
+
+static PyObject *
+collect(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *code, *module, *qualname, *entries, *by_id, *bodies, *drop;
+    int register_top;
+    Py_ssize_t order;
+    if (!PyArg_ParseTuple(args, "O!UOO!O!pnO!O", &PyCode_Type, &code, &module, &qualname,
+                          &PyDict_Type, &entries, &PyDict_Type, &by_id, &register_top, &order,
+                          &PyDict_Type, &bodies, &drop))
         return NULL;
+    if (!ready())
+        return NULL;
+    if (qualname == Py_None)
+        qualname = NULL;
+    else if (!PyUnicode_Check(qualname)) {
+        PyErr_SetString(PyExc_TypeError, "collect: qualname must be a str or None");
+        return NULL;
+    }
+    order = collect_one(code, module, qualname, entries, by_id, register_top, order, bodies,
+                        drop);
+    return order < 0 ? NULL : PyLong_FromSsize_t(order);
+}
+
+/* registry._register_tops' two loops: each top (code, module, qualname) into the batch
+ * entries, in order, then what is nested in each (collect_one, register_top off). */
+static PyObject *
+collect_tops(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *tops, *entries, *by_id, *bodies, *drop;
+    Py_ssize_t order;
+    if (!PyArg_ParseTuple(args, "O!O!O!nO!O", &PyList_Type, &tops, &PyDict_Type, &entries,
+                          &PyDict_Type, &by_id, &order, &PyDict_Type, &bodies, &drop))
+        return NULL;
+    if (!ready())
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(tops);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *t = PyList_GET_ITEM(tops, i);
+        if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 3 ||
+            !PyCode_Check(PyTuple_GET_ITEM(t, 0)) || !PyUnicode_Check(PyTuple_GET_ITEM(t, 1)) ||
+            !PyUnicode_Check(PyTuple_GET_ITEM(t, 2))) {
+            PyErr_SetString(PyExc_TypeError, "collect_tops: (code, module, qualname) tuples");
+            return NULL;
+        }
+    }
+    for (Py_ssize_t i = 0; i < n; i++) { /* every function's own code first */
+        PyObject *t = PyList_GET_ITEM(tops, i), *code = PyTuple_GET_ITEM(t, 0);
+        PyObject *key = PyLong_FromVoidPtr(code);
+        PyObject *e = key == NULL ? NULL
+                                  : make_entry(code, PyTuple_GET_ITEM(t, 1), PyTuple_GET_ITEM(t, 2),
+                                               kind_of((PyCodeObject *)code), ++order, key);
+        int failed = e == NULL || PyDict_SetItem(entries, key, e) < 0;
+        Py_XDECREF(e);
+        Py_XDECREF(key);
+        if (failed)
+            return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) { /* then what is nested in them */
+        PyObject *t = PyList_GET_ITEM(tops, i);
+        order = collect_one(PyTuple_GET_ITEM(t, 0), PyTuple_GET_ITEM(t, 1),
+                            PyTuple_GET_ITEM(t, 2), entries, by_id, 0, order, bodies, drop);
+        if (order < 0)
+            return NULL;
+    }
     return PyLong_FromSsize_t(order);
 }
 
@@ -785,6 +846,8 @@ codes_by_id(PyObject *self, PyObject *args)
 static PyMethodDef methods[] = {
     {"setup", setup, METH_VARARGS, "Hand over the registry's kinds, types and fields."},
     {"collect", collect, METH_VARARGS, "registry._collect: a code tree into a batch."},
+    {"collect_tops", collect_tops, METH_VARARGS,
+     "registry._register_tops' loops: functions and their nested code into a batch."},
     {"commit", commit, METH_VARARGS, "registry._commit's loop: name a batch."},
     {"codes_by_id", codes_by_id, METH_VARARGS,
      "registry.codes_by_id: id(info.code) -> info.code, into each dict."},

@@ -67,6 +67,7 @@ import os
 import sys
 import threading
 import weakref
+from _functools import partial  # (functools itself is not imported at start-up)
 from types import (
     AsyncGeneratorType,
     CodeType,
@@ -241,7 +242,7 @@ def _load_c() -> Any:
         return None
     _cregistry.setup(_C_KINDS, _ANONYMOUS, FunctionInfo,
                      tuple(_FunctionFields.__dict__[n] for n in _FunctionFields.__slots__),
-                     weakref.KeyedRef)
+                     partial)
     return _cregistry
 
 
@@ -344,8 +345,10 @@ class Registry:
         # module and class bodies _collect walked (their nested code registered): discover()
         # answers them at once (sqlglot runs ~1,200 class bodies as it is imported); weak
         self._bodies: dict[int, weakref.ref[CodeType]] = {}
-        bodies = self._bodies
-        self._drop_body = lambda ref: bodies.pop(ref.key, None)  # (a KeyedRef's callback)
+        # A body's reference calls partial(_drop_body, key)(ref) as it dies: pop(key, ref).
+        # (Not a weakref.KeyedRef: its Python __new__ and __init__ cost ~8 k instructions a
+        # body, sqlglot's import ~10 M; a C partial and a plain reference, a tenth of that.)
+        self._drop_body = self._bodies.pop
         self._added_modules: set[str] = set()  # modules registered by add_code
         # module name -> (code compiled ahead, its file, the file's stamp then)
         self._prepared: dict[str, tuple[CodeType, str, tuple[int, int] | None]] = {}
@@ -670,7 +673,7 @@ class Registry:
         """Note a module or class body whose nested code is registered (``key``: its id)."""
         if key in self._bodies:
             return
-        self._bodies[key] = weakref.KeyedRef(code, self._drop_body, key)
+        self._bodies[key] = weakref.ref(code, partial(self._drop_body, key))
 
     def _notify(self, new: list[FunctionInfo]) -> None:
         if not new:
@@ -825,6 +828,10 @@ class Registry:
         tops = sorted(tops, key=lambda t: (t[0].co_filename, t[0].co_firstlineno,
                                            t[0].co_qualname))
         entries: dict[int, _Entry] = {}
+        if _c is not None:  # (the two loops below, in C)
+            self._order = _c.collect_tops(tops, entries, self._by_id, self._order,
+                                          self._bodies, self._drop_body)
+            return self._commit(entries)
         # Every function's own code first, so that code found both as a function and nested in
         # another takes its own function's qualname; then what is nested in them.
         for code, module, qualname in tops:
