@@ -219,12 +219,13 @@ def test_rethooks_own_code_met_in_its_own_work_is_disabled(engine):
     from rethook.engine import core
 
     own = {"__name__": f"rethook.{fresh_name()}"}  # a module of rethook's own, by name
-    exec("def own_helper(x):\n    return x + 1\n", own)
     other = {"__name__": fresh_name()}
-    exec("def other_helper(x):\n    return x + 2\n", other)
-    own_helper, other_helper = own["own_helper"], other["other_helper"]
     rec = Recorder(f"*:mod:{fresh_name()} fib *:mod:{other['__name__']}")  # (discovery on)
     engine.register_ftrace_graph(rec)
+    # (the functions made after the filter: a filter naming their module registers them)
+    exec("def own_helper(x):\n    return x + 1\n", own)
+    exec("def other_helper(x):\n    return x + 2\n", other)
+    own_helper, other_helper = own["own_helper"], other["other_helper"]
     try:
         with core.notrace():
             own_helper(1)
@@ -238,6 +239,27 @@ def test_rethooks_own_code_met_in_its_own_work_is_disabled(engine):
         engine.unregister_ftrace_graph(rec)
     assert rec.names() == ["other_helper"]
     assert core.is_own_module(own["__name__"]) and not core.is_own_module(other["__name__"])
+
+
+def test_rethooks_own_code_met_running_is_disabled_unregistered(engine):
+    """rethook's own code met outside its own work (its runner's and drain's functions, which
+    run on the program's threads with tracing on) gets DISABLE at once too, by its module's
+    name, without the registry registering it first (~65 us a function, a dozen a run)."""
+    from rethook.engine import core
+
+    own = {"__name__": f"rethook.{fresh_name()}"}  # a module of rethook's own, by name
+    exec("def own_runner(x):\n    return x + 1\n", own)
+    own_runner = own["own_runner"]
+    rec = Recorder("*")  # (every function: discovery on, first calls armed)
+    engine.register_ftrace_graph(rec)
+    try:
+        assert own_runner(1) == 2 and own_runner(2) == 3
+        assert id(own_runner.__code__) in core._disabled
+        assert engine.registry.lookup(own_runner.__code__) is None
+        assert not _armed(engine, own_runner.__code__)
+    finally:
+        engine.unregister_ftrace_graph(rec)
+    assert not any("own_runner" in n for n in rec.names())
 
 
 def test_walked_bodies_run_without_the_discovery_hook(engine, tmp_path, monkeypatch):

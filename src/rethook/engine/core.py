@@ -290,12 +290,13 @@ _CO_NEWLOCALS = 0x0002  # co_flags of a function's code (not a module or class b
 #: once, as code nobody wants, rather than a callback at every call (sqlglot: ~76 k of them,
 #: the registry's and the drain's Python). The C core reads it at import.
 OWN_PACKAGE = "rethook"
+_OWN_DOT = OWN_PACKAGE + "."
 
 
 def is_own_module(name: str) -> bool:
     """Whether a module is rethook's own: never hooked, never listed, and not registered by
     the registry's scans (it is a fifth of what a start-up scan meets)."""
-    return name == OWN_PACKAGE or name.startswith(OWN_PACKAGE + ".")
+    return name == OWN_PACKAGE or name.startswith(_OWN_DOT)
 
 
 class _ThreadEndGuard:
@@ -640,6 +641,10 @@ def _sight(code: CodeType, offset: int, up: int, busy: bool) -> Any:
         return None  # discovery is off: only hooked code has PY_START
     key = id(code)
     known = key in _known or (not code.co_flags & _CO_NEWLOCALS and key in _bodies)
+    own = False
+    if not known:  # (rethook's own code, as is_own_module, inline: no call at the limit)
+        module = _getframe(up + 1).f_globals.get("__name__")
+        own = type(module) is str and (module == OWN_PACKAGE or module.startswith(_OWN_DOT))
     if known and (key in _unarmed or (_arm_known and code.co_flags & _CO_NEWLOCALS)):
         # hooked at its first call: now, or the program's next one; or, declined, disabled
         if busy:
@@ -647,11 +652,10 @@ def _sight(code: CodeType, offset: int, up: int, busy: bool) -> Any:
         started = _arm_and_start(code, offset, up)
         if started is not _DECLINED:
             return started
+    elif own:
+        pass  # rethook's own code, never hooked: disabled below without the registry's work
     elif not known and busy:
-        module = _getframe(up + 1).f_globals.get("__name__")
-        if not (type(module) is str and is_own_module(module)):
-            return None  # a handler or rethook's own work: discovered when the program runs it
-        # (rethook's own code: disabled below, like code nobody wants)
+        return None  # a handler or rethook's own work: discovered when the program runs it
     elif not known:
         try:  # (one call more: at the program's recursion limit it fails here)
             done, seen = _rethooks_work(discover, code, _getframe(up + 1))
