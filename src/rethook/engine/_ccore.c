@@ -298,6 +298,7 @@ static struct {
     size_t n;
 } page_req[PAGE_REQUESTS]; /* under wake_mu */
 static int page_nreq;
+static int page_cut; /* under wake_mu: drain_wake() ends the paging (the drain is stopping) */
 
 static void
 round_page_ahead(void *p, size_t n)
@@ -312,16 +313,38 @@ round_page_ahead(void *p, size_t n)
     pthread_mutex_unlock(&wake_mu);
 }
 
-/* With wake_mu held: the requests so far paged in, the mutex let go meanwhile. */
+/* How much of a request one madvise pages in: steps end on multiples of it (a multiple of the
+ * page size), so they cover their request as one call would. Requests are 1-3 MB (a ring's
+ * first quarter, the encoder's scratch areas) and one madvise of that took ~1.5 ms; paged in
+ * whole, they cost a two-line program ~5 ms of its start and end (bench_startup, interleaved
+ * A/B, 4 rounds of 15: +25.6 -> +20.5 ms over python; 64 KB and 1 MB steps: +21.3 and +21.5;
+ * a program of 22 k calls unchanged), though the paging had ended before the program did:
+ * each call holds the process's memory map for reading, which the program thread's own mmap
+ * and munmap wait for (the likely cause). Between two steps page_requests() also looks
+ * whether drain_wake() asked the drain to stop (a recording's end, a fork): that waits for
+ * one step, ~0.1 ms, rather than for what is left of ~11 MB (a program that ends as it
+ * starts). A round that is due does not stop the paging: its writer is the one paged for. */
+#define PAGE_STEP ((size_t)256 * 1024)
+
+/* With wake_mu held: the requests so far paged in, newest first, the mutex let go meanwhile,
+ * unless drain_wake() cut the paging short (drain_end() drops what is left). */
 static void
 page_requests(void)
 {
-    while (page_nreq > 0) {
+    while (page_nreq > 0 && !page_cut) {
         void *p = page_req[page_nreq - 1].p;
         size_t n = page_req[page_nreq - 1].n;
-        page_nreq--;
+        size_t step = PAGE_STEP - (size_t)((uintptr_t)p % PAGE_STEP);
+        if (step >= n) {
+            step = n;
+            page_nreq--;
+        }
+        else {
+            page_req[page_nreq - 1].p = (char *)p + step;
+            page_req[page_nreq - 1].n = n - step;
+        }
         pthread_mutex_unlock(&wake_mu);
-        (void)rh_populate(p, n); /* (drainround.h) */
+        (void)rh_populate(p, step); /* (drainround.h) */
         pthread_mutex_lock(&wake_mu);
     }
 }
@@ -384,6 +407,7 @@ round_after_fork(void)
     wake_init();
     __atomic_store_n(&drain_woken, 0, __ATOMIC_RELAXED);
     page_nreq = 0; /* (the parent's requests: its drain's) */
+    page_cut = 0;
 }
 
 PyDoc_STRVAR(drain_wait_doc,
@@ -428,6 +452,9 @@ End the drain's wait (drain_wait) now: for the thread that stops it.");
 static PyObject *
 drain_wake(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(arg))
 {
+    pthread_mutex_lock(&wake_mu);
+    page_cut = 1; /* (the paging stops at its next step: page_requests) */
+    pthread_mutex_unlock(&wake_mu);
     round_wake();
     Py_RETURN_NONE;
 }
@@ -445,6 +472,7 @@ drain_end(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(arg))
     round_drained();
     pthread_mutex_lock(&wake_mu); /* paging asked for the drain that ends: not for the next */
     page_nreq = 0;
+    page_cut = 0;
     pthread_mutex_unlock(&wake_mu);
     Py_RETURN_NONE;
 }
