@@ -298,7 +298,7 @@ static struct {
     size_t n;
 } page_req[PAGE_REQUESTS]; /* under wake_mu */
 static int page_nreq;
-static int page_cut; /* under wake_mu: drain_wake() ends the paging (the drain is stopping) */
+static int page_cut; /* under wake_mu: drain_wake() ends the paging of the wait it ends */
 
 static void
 round_page_ahead(void *p, size_t n)
@@ -372,6 +372,7 @@ wait_woken(double s)
     }
     int woken = drain_woken;
     __atomic_store_n(&drain_woken, 0, __ATOMIC_RELAXED);
+    page_cut = 0; /* (a cut is the wait's it ended: the next wait pages again) */
     pthread_mutex_unlock(&wake_mu);
     return woken;
 }
