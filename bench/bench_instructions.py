@@ -39,6 +39,7 @@ import tempfile
 from pathlib import Path
 
 import bench_peers
+import workloads
 
 ALL = ("hello", "nbody", "sqlglot-import", "storm")
 _COLLECTED = re.compile(r"Collected : (\d+)")
@@ -109,11 +110,6 @@ def programs(names: list[str], work: Path) -> dict[str, Path]:
     return out
 
 
-def fib_calls(n: int) -> int:
-    """Calls fib(n) makes."""
-    return 1 if n < 2 else 1 + fib_calls(n - 1) + fib_calls(n - 2)
-
-
 def tools() -> dict[str, list[str] | None]:
     """Each command's prefix (None: the untraced run), trace0's where it is installed."""
     py = sys.executable
@@ -155,8 +151,9 @@ def main() -> None:
         work = Path(tmp)
         for name, script in programs(names, work).items():
             sizes = [[str(t)] for t in STORM_TIMES] if name == "storm" else [[]]
-            unit = (fib_calls(STORM_N) * (STORM_TIMES[1] - STORM_TIMES[0])
-                    if name == "storm" else 1e6)
+            per_call = name == "storm"
+            unit = (workloads.fib_calls(STORM_N) * (STORM_TIMES[1] - STORM_TIMES[0])
+                    if per_call else 1e6)
             base = None
             for tool, prefix in commands.items():
                 out = str(work / f"{name}.{tool}.out")
@@ -166,11 +163,10 @@ def main() -> None:
                 total = main_n + others
                 if base is None:
                     base = (main_n, total)
-                fmt = "{:11.1f}" if name == "storm" else "{:9.1f} M"
-                cells = [main_n + others, main_n, others, main_n - base[0], total - base[1]]
+                cells = [total, main_n, others, main_n - base[0], total - base[1]]
                 print(f"{name:16} {tool:8} " + " ".join(
-                    (fmt if i < 3 else fmt.replace("11", "12" if i == 3 else "11")).format(
-                        c / unit) for i, c in enumerate(cells)))
+                    f"{c / unit:{w}.1f}" if per_call else f"{c / unit:{w - 2}.1f} M"
+                    for c, w in zip(cells, (11, 11, 11, 12, 11), strict=True)))
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 import warnings
+from collections.abc import Callable
 
 import pytest
 
@@ -360,26 +361,30 @@ def test_a_fresh_ring_faults_once_a_page():
     assert faults < pages * 1.2, (faults, pages)  # (782 when the slot was read first)
 
 
+_FIRST_ROUND = 1 << 17  # (the ring's capacity: a first round drains a quarter of it)
+
+
+def _first_round_faults(before_round: Callable[[], object]) -> int:
+    """Faults of a first round's encoding of a quarter ring, after prepare_native asked the
+    drain to page in what it writes of the encoder's memory and ``before_round`` ran."""
+    _tfenc.free_scratch()
+    w, ring = fd.new_writer(), cring.Ring(_FIRST_ROUND, TID)
+    storm((ring,), _FIRST_ROUND // 4)
+    w.prepare_native(_FIRST_ROUND)
+    before_round()
+    before = _minor_faults()
+    assert fused(w, ring) == _FIRST_ROUND // 4
+    return _minor_faults() - before
+
+
 def test_reserve_has_the_drain_page_in_a_first_round():
     """TraceWriter.prepare_native asks the drain to page in what a first round of a quarter
     ring writes of the encoder's memory (served in its next wait, without the GIL): the
     round then meets far fewer fresh pages than when the request is dropped."""
     _skip_without_populate()
     ccore = pytest.importorskip("rethook.engine._ccore", reason="the C core is not built")
-    capacity = 1 << 17
-    faults = {}
-    for served in (False, True):
-        _tfenc.free_scratch()
-        w, ring = fd.new_writer(), cring.Ring(capacity, TID)
-        storm((ring,), capacity // 4)
-        w.prepare_native(capacity)
-        if served:
-            ccore.drain_wait(0.001, False)  # (the drain's wait: serves the requests)
-        else:
-            ccore.drain_end()  # (drops them)
-        before = _minor_faults()
-        assert fused(w, ring) == capacity // 4
-        faults[served] = _minor_faults() - before
+    faults = {False: _first_round_faults(ccore.drain_end),  # (drops the requests)
+              True: _first_round_faults(lambda: ccore.drain_wait(0.001, False))}  # (serves)
     _tfenc.free_scratch()
     assert faults[True] < faults[False] * 0.8, faults  # (~1,500 against ~2,400)
 
@@ -391,20 +396,14 @@ def test_drain_wake_cuts_the_paging_short():
     Seen in the first round's faults: as many as with nothing paged in, not timed."""
     _skip_without_populate()
     ccore = pytest.importorskip("rethook.engine._ccore", reason="the C core is not built")
-    capacity = 1 << 17
-    faults = {}
-    for cut in (False, True):
-        _tfenc.free_scratch()
-        w, ring = fd.new_writer(), cring.Ring(capacity, TID)
-        storm((ring,), capacity // 4)
-        w.prepare_native(capacity)
+
+    def wait(cut: bool) -> None:
         if cut:
             ccore.drain_wake()  # (as Recorder._join: before the drain's wait serves them)
         ccore.drain_wait(0.001, False)
         ccore.drain_end()  # (drops what is left, and lets the next drain page again)
-        before = _minor_faults()
-        assert fused(w, ring) == capacity // 4
-        faults[cut] = _minor_faults() - before
+
+    faults = {cut: _first_round_faults(lambda cut=cut: wait(cut)) for cut in (False, True)}
     _tfenc.free_scratch()
     assert faults[True] > faults[False] * 1.25, faults  # (as test_reserve_has_the_drain...)
 

@@ -346,17 +346,15 @@ collect_tops(PyObject *self, PyObject *args)
     if (!ready())
         return NULL;
     Py_ssize_t n = PyList_GET_SIZE(tops);
-    for (Py_ssize_t i = 0; i < n; i++) {
+    for (Py_ssize_t i = 0; i < n; i++) { /* every function's own code first */
         PyObject *t = PyList_GET_ITEM(tops, i);
         if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 3 ||
             !PyCode_Check(PyTuple_GET_ITEM(t, 0)) || !PyUnicode_Check(PyTuple_GET_ITEM(t, 1)) ||
             !PyUnicode_Check(PyTuple_GET_ITEM(t, 2))) {
             PyErr_SetString(PyExc_TypeError, "collect_tops: (code, module, qualname) tuples");
-            return NULL;
+            return NULL; /* (the batch is the caller's to drop, as after any error) */
         }
-    }
-    for (Py_ssize_t i = 0; i < n; i++) { /* every function's own code first */
-        PyObject *t = PyList_GET_ITEM(tops, i), *code = PyTuple_GET_ITEM(t, 0);
+        PyObject *code = PyTuple_GET_ITEM(t, 0);
         PyObject *key = PyLong_FromVoidPtr(code);
         PyObject *e = key == NULL ? NULL
                                   : make_entry(code, PyTuple_GET_ITEM(t, 1), PyTuple_GET_ITEM(t, 2),
