@@ -170,16 +170,17 @@ typedef struct {
     PyObject *parent;
 } rh_stale;
 
-/* The writer moves past the record at wpos (the next event's number taken). */
+/* The writer moves past the record at wpos, rec (the next event's number taken). */
 static inline void
-rh_ring_advance(rh_ring *r)
+rh_ring_advance(rh_ring *r, const rh_rec *rec)
 {
     r->head++;
     r->wpos = r->wpos + 1 == r->capacity ? 0 : r->wpos + 1;
 #if defined(__GNUC__)
-    /* the records a few events ahead: their lines are read (what they held) and written */
-    if (r->wpos + RH_PREFETCH_AHEAD < r->capacity)
-        __builtin_prefetch(&r->recs[r->wpos + RH_PREFETCH_AHEAD], 1, 3);
+    /* the records a few events ahead: their lines are read (what they held) and written.
+     * Past the array's end near a wrap: a prefetch never faults, it only fetches nothing of
+     * use there (cheaper than the compare that would skip it) */
+    __builtin_prefetch((const void *)((uintptr_t)rec + RH_PREFETCH_AHEAD * sizeof(rh_rec)), 1, 3);
 #endif
 }
 
@@ -210,7 +211,7 @@ rh_ring_reserve(rh_ring *r, rh_stale *stale)
         stale->parent = rec->parent;
         rec->code = rec->parent = NULL;
     }
-    rh_ring_advance(r);
+    rh_ring_advance(r, rec);
     return rec;
 }
 
@@ -228,7 +229,7 @@ rh_ring_reserve_quiet(rh_ring *r)
     if (!r->on || r->head - r->floor >= r->mark)
         return NULL;
     rh_rec *rec = &r->recs[r->wpos];
-    rh_ring_advance(r);
+    rh_ring_advance(r, rec);
     return rec;
 }
 

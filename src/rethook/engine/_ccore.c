@@ -597,6 +597,11 @@ table_free(Table *tb)
 
 #define SLOT(obj, off) (*(PyObject **)((char *)(obj) + (off)))
 
+/* What the fast lanes call only when something is out of the ordinary (an error, a thread met
+ * for the first time, every event the fast lanes do not take): out of line and away from the
+ * hot code, so that the callbacks' usual paths stay a few cache lines long. */
+#define RH_COLD __attribute__((noinline, cold))
+
 static inline void
 slot_store(PyObject *obj, Py_ssize_t off, PyObject *value)
 {
@@ -1070,7 +1075,7 @@ reg_get(PyObject *reg, PyTypeObject *tp, Py_ssize_t off, PyObject *name)
 /* The current exception is rethook's, not the program's (core.internal_error: counted,
  * reported once). A BaseException that is not an Exception (KeyboardInterrupt, SystemExit)
  * is kept in *pending instead, to be raised once the call's bookkeeping is done. */
-static void
+static RH_COLD void
 stash_error(PyObject **pending)
 {
     PyObject *exc = PyErr_GetRaisedException();
@@ -1095,7 +1100,7 @@ stash_error(PyObject **pending)
 /* A handler of `reg` raised (the exception is set). An Exception goes to
  * core.handler_failed(reg, exc) and 0 is returned; a BaseException is kept in *pending and 1
  * is returned. */
-static int
+static RH_COLD int
 handler_error(PyObject *reg, PyObject **pending)
 {
     PyObject *exc = PyErr_GetRaisedException();
@@ -1178,7 +1183,7 @@ static PyTypeObject TSGuard_Type = {
 /* Slow path of current_ts: the cache is cold (new thread, or another PyThreadState).
  * Returns a borrowed reference, or NULL (with an error set, or without one when the thread
  * has no state and create is 0). */
-static PyObject *
+static RH_COLD PyObject *
 current_ts_slow(PyThreadState *tstate, int create)
 {
     rh_tstate_check(tstate); /* (a thread met for the first time: the fast lanes' read agrees) */
@@ -1285,7 +1290,7 @@ ts_get_stack(PyObject *ts)
 /* Slow paths shared by the callbacks (core.py's helpers of the same names).                 */
 
 /* Hold this thread at the start of a transition while the engine sweeps (rule 7). */
-static int
+static RH_COLD int
 wait_sweep(PyObject *ts)
 {
     slot_store(ts, ts_waiting, Py_True);
@@ -1339,19 +1344,25 @@ missed(PyObject *code, int graph_only)
 static PyObject *last_capsule;      /* strong: the capsule last_direct came from */
 static const rh_direct *last_direct; /* (PyCapsule_GetPointer compares names with strcmp) */
 
-/* The hooks of a direct entry, or NULL with an error set. */
-static inline const rh_direct *
-direct_hooks(PyObject *entry)
+/* The hooks behind a capsule other than last_capsule (which becomes it), or NULL with an
+ * error set. */
+static RH_COLD const rh_direct *
+direct_hooks_of(PyObject *capsule)
 {
-    PyObject *capsule = PyTuple_GET_ITEM(entry, 2);
-    if (capsule == last_capsule)
-        return last_direct;
     const rh_direct *d = PyCapsule_GetPointer(capsule, RH_DIRECT_CAPSULE);
     if (d != NULL) {
         Py_XSETREF(last_capsule, Py_NewRef(capsule));
         last_direct = d;
     }
     return d;
+}
+
+/* The hooks of a direct entry, or NULL with an error set. */
+static inline const rh_direct *
+direct_hooks(PyObject *entry)
+{
+    PyObject *capsule = PyTuple_GET_ITEM(entry, 2);
+    return capsule == last_capsule ? last_direct : direct_hooks_of(capsule);
 }
 
 /* The exit hook of a direct entry: 0, or -1 with an error set (the hook's, or no hooks). */
@@ -1367,7 +1378,7 @@ direct_exit_hook(PyObject *entry, PyObject *exc, long flags, long long t,
 /* A direct hook's error, counted as its handler's (reg: the registration, borrowed). That runs
  * Python code, as rethook's own: the fast paths, which do not mark the thread busy and hold
  * nothing, mark the thread now, and ts and reg are held while it runs. */
-static void
+static RH_COLD void
 direct_hook_failed(PyObject *ts, PyObject *reg, PyObject **pending)
 {
     Py_INCREF(ts);
@@ -2269,7 +2280,7 @@ arms_known(PyObject *code)
  * rethook's own code is disabled at once) and, if that hooked it, this very call is
  * dispatched; code the engine left to hook at its first call goes to arm_and_start(); anything
  * else gets DISABLE. */
-static PyObject *
+static RH_COLD PyObject *
 sight(PyObject *const *args, Py_ssize_t nargs, int busy)
 {
     if (discover_hook == NULL)
@@ -2357,7 +2368,7 @@ error:
 
 /* PY_START(code, offset): rule 1 (entry), rule 4 (recursion), rule 5 (depth). The general
  * callback: every case, in the order the rules need (on_start below takes the commonest first). */
-static __attribute__((noinline)) PyObject *
+static RH_COLD PyObject *
 on_start_general(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs < 1)
@@ -2551,7 +2562,7 @@ exit_state(PyThreadState *tstate, PyObject **pending)
 }
 
 /* PY_RETURN(code, offset, retval): rule 2. The general callback (as on_start_general). */
-static __attribute__((noinline)) PyObject *
+static RH_COLD PyObject *
 on_return_general(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs < 3)
@@ -2800,7 +2811,7 @@ done:
 
 /* PY_YIELD(code, offset, value): rule 3, the record moves to the parked table. The general
  * callback (as on_start_general). */
-static __attribute__((noinline)) PyObject *
+static RH_COLD PyObject *
 on_yield_general(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
     (void)args;
@@ -2869,7 +2880,7 @@ done:
 /* PY_RESUME(code, offset) and PY_THROW(code, offset, exc): the parked record comes back onto
  * the resuming thread's stack (possibly another thread) with its suspended time added. The
  * general callback (as on_start_general). */
-static __attribute__((noinline)) PyObject *
+static RH_COLD PyObject *
 on_resume_general(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
     (void)args;

@@ -54,22 +54,44 @@ rh_monotonic_ns(void)
     return (int64_t)t.tv_sec * 1000000000LL + (int64_t)t.tv_nsec;
 }
 
-/* The trace clock; c may be NULL (CLOCK_MONOTONIC). Always inlined: it is on every event. */
+#if RH_HAVE_TSC
+/* The calibrated TSC's reading, in CLOCK_MONOTONIC nanoseconds. */
 static inline __attribute__((always_inline)) int64_t
-rh_clock_ns(const rh_clock *c)
+rh_tsc_ns(const rh_clock *c)
+{
+    uint64_t d = __rdtsc() - c->tsc0;
+    return c->ns0 + (int64_t)(((unsigned __int128)d * c->mult) >> RH_CLOCK_SHIFT);
+}
+#endif
+
+/* The trace clock when it is not the calibrated TSC: the first reading (which ends the
+ * calibration), CLOCK_MONOTONIC, or c NULL. Kept out of line, with the cold code: the
+ * callbacks that inline rh_clock_ns() stay a few lines of code long. */
+static __attribute__((noinline, cold, unused)) int64_t
+rh_clock_slow(const rh_clock *c)
 {
 #if RH_HAVE_TSC
     if (c != NULL) {
-        if (__builtin_expect(c->use_tsc == RH_CLOCK_PENDING, 0))
+        if (c->use_tsc == RH_CLOCK_PENDING)
             c->finish(); /* the first reading, once */
-        if (c->use_tsc > 0) {
-            uint64_t d = __rdtsc() - c->tsc0;
-            return c->ns0 + (int64_t)(((unsigned __int128)d * c->mult) >> RH_CLOCK_SHIFT);
-        }
+        if (c->use_tsc > 0)
+            return rh_tsc_ns(c);
     }
 #endif
     (void)c;
     return rh_monotonic_ns();
+}
+
+/* The trace clock; c may be NULL (CLOCK_MONOTONIC). Always inlined: it is on every event, and
+ * its usual case (the TSC, calibrated) is one compare. */
+static inline __attribute__((always_inline)) int64_t
+rh_clock_ns(const rh_clock *c)
+{
+#if RH_HAVE_TSC
+    if (__builtin_expect(c != NULL && c->use_tsc == 1, 1))
+        return rh_tsc_ns(c);
+#endif
+    return rh_clock_slow(c);
 }
 
 /* For _ccore and _native: _clock's calibration, or NULL (CLOCK_MONOTONIC) when it is not built,

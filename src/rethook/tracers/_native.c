@@ -356,7 +356,7 @@ stack_remove(TState *st, NCall *c, NCall **parent)
 /* The state of the thread ts (put in the cache entry e), or NULL when it has none and `make`
  * is 0; with `make`, one is created for it (with its ring, from the buffer: Python code runs),
  * or NULL with an error. */
-static TState *
+static __attribute__((noinline, cold)) TState *
 tstate_slow(NUser *u, PyThreadState *ts, TCache *e, int make)
 {
     TState *st;
