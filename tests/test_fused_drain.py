@@ -1246,3 +1246,21 @@ def test_record_definitions_alike(tmp_path):
                         reader._done.strings, [tag for _, tag, _ in reader._chunks()][:4]))
     assert got[0] == got[1]
     assert got[0][3] == ["__main__.fib", ""]
+
+
+def test_a_writer_closed_as_the_process_ends_writes_the_same_file_and_leaves_memory_usable():
+    """close(release_memory=False) (a recording's end with the process's: its memory goes with
+    it) writes the same file as close(); the encoder's memory it keeps is what the next
+    writer encodes with."""
+    records = [(2, 0, None, 1, 10, 0, 0, 0, 0), (3, 0, None, 1, 10, 5, 0, 0, 0)] * 300
+    files = []
+    for release in (True, False, True, False):
+        ring = cring.Ring(1024, TID)
+        write_records([ring], records)
+        writer = new_writer(batch=64)
+        writer.prepare_native(1024)
+        assert fused(writer, ring) == len(records)
+        writer.close(release_memory=release)
+        files.append(writer._file.getvalue())
+    assert len(read_back(files[0])) == len(records)
+    assert files[1:] == files[:1] * 3

@@ -463,3 +463,22 @@ def test_a_failure_report_always_says_what_failed(capsys, monkeypatch):
         "rethook: head: RecursionError: maximum recursion depth exceeded\n"
         "rethook: the program was at Python's recursion limit "
         f"({sys.getrecursionlimit()}): calls made there may be missing from the trace\n")
+
+
+@pytest.mark.parametrize("which", ["RLIMIT_AS", "RLIMIT_DATA"])
+def test_memory_available_reads_the_limits_the_resource_module_reports(which):
+    """limits.memory_available() reads ``ulimit -v`` and ``-d`` from /proc/self/limits (no
+    resource module at start-up): what it finds is what resource.getrlimit() says, and a
+    limit lowers the memory it reports below that limit."""
+    code = textwrap.dedent(f"""
+        import resource
+        from rethook import limits
+        resource.setrlimit(resource.{which}, (6 << 30, resource.RLIM_INFINITY))
+        softs = [resource.getrlimit(r)[0] for r in (resource.RLIMIT_AS, resource.RLIMIT_DATA)]
+        expect = [None if s == resource.RLIM_INFINITY else s for s in softs]
+        assert limits._soft_limits() == expect, (limits._soft_limits(), expect)
+        assert limits.memory_available() <= 6 << 30
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr

@@ -129,20 +129,38 @@ def memory_available() -> int | None:
             found.append(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
         except (ValueError, OSError, AttributeError):
             pass
+    limits = _soft_limits()
+    if any(limit is not None for limit in limits):
+        for limit, used in zip(limits, _mapped_bytes(), strict=True):
+            if limit is not None:
+                found.append(max(0, limit - used))
+    return min(found) if found else None
+
+
+#: /proc/self/limits' rows (the kernel pads each name to 25 characters) for the
+#: address-space and data limits (``ulimit -v``, ``-d``), and the resource module's names
+_LIMITS = ((b"Max address space", "RLIMIT_AS"), (b"Max data size", "RLIMIT_DATA"))
+
+
+def _soft_limits() -> list[int | None]:
+    """The soft address-space and data limits in bytes, None for unlimited or unknown. From
+    /proc/self/limits (Linux), else the resource module: a C extension, whose loading would
+    be ~0.2 ms more of every start-up."""
+    try:
+        with open("/proc/self/limits", "rb") as f:
+            rows = {row[:25].strip(): row[25:].split() for row in f}
+        softs = [rows[name][0] for name, _ in _LIMITS]
+        return [None if soft == b"unlimited" else int(soft) for soft in softs]
+    except (OSError, ValueError, KeyError, IndexError):
+        pass
     try:
         import resource
 
-        mapped, data = _mapped_bytes()
-        for which, used in ((resource.RLIMIT_AS, mapped),
-                            (getattr(resource, "RLIMIT_DATA", None), data)):
-            if which is None:
-                continue
-            soft = resource.getrlimit(which)[0]
-            if soft != resource.RLIM_INFINITY:
-                found.append(max(0, soft - used))
+        softs = [resource.getrlimit(getattr(resource, name))[0] if hasattr(resource, name)
+                 else resource.RLIM_INFINITY for _, name in _LIMITS]
+        return [None if soft == resource.RLIM_INFINITY else soft for soft in softs]
     except (ImportError, OSError, ValueError):
-        pass
-    return min(found) if found else None
+        return [None for _ in _LIMITS]
 
 
 def _mapped_bytes() -> tuple[int, int]:

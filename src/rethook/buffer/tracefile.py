@@ -324,6 +324,7 @@ class TraceWriter:
         self._native_lock = _thread.RLock()
         self._native_depth = 0
         self._close_pending = False
+        self._release_memory = True  # (close()'s)
         try:
             head = _HEADER.pack(MAGIC, VERSION_MAJOR, VERSION_MINOR, 0)[:16]
             self._write(head + _CRC.pack(zlib.crc32(head)))
@@ -795,9 +796,13 @@ class TraceWriter:
         self._flush_definitions()
         self._file.flush()
 
-    def close(self) -> None:
+    def close(self, release_memory: bool = True) -> None:
         """Write the END chunk and close (only a file this writer opened). Idempotent. A
-        :meth:`write_native` call in another thread ends first."""
+        :meth:`write_native` call in another thread ends first. ``release_memory=False``:
+        the process is ending, and the memory the C encoder keeps (its scratch areas and the
+        rings' spare array, paged in) goes with it; freeing it gives it back page by page
+        (~1.4 ms for the default buffer)."""
+        self._release_memory = release_memory
         with self._native_lock:
             if self._native_depth:  # from write_native's own name_of: once it ends
                 self._close_pending = True
@@ -815,7 +820,7 @@ class TraceWriter:
             self._closed = True
             if self._owns_file:
                 self._file.close()
-            if self._scratch_used:
+            if self._scratch_used and self._release_memory:
                 _tfenc.free_scratch()  # what encode_ring keeps between calls
             names, self._names = self._names, None
             if names is not None:

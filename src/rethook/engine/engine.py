@@ -335,6 +335,9 @@ class Engine:
         #: report; None while it is intact.
         self.lost: str | None = None
         self._for_exit = False  # see for_exit()
+        #: The process ends with this run (for_exit() was called): what it allocated goes
+        #: back with it, which its users may count on rather than free it piece by piece.
+        self.ending = False
         # (tool id, codes) whose local events a stop for exit left set, cleared by a start
         self._left_set: tuple[int, list[CodeType]] | None = None
 
@@ -392,6 +395,7 @@ class Engine:
         draining dispatch, then turning its events off: ~40 ms for sqlglot's ~5,000 under
         ``-l '*'``) is for a process that goes on running them."""
         self._for_exit = True
+        self.ending = True
 
     def _last_user_left(self, retired: list[Any]) -> bool:
         """In :meth:`for_exit` mode, stop now if no user is left (``retired``: the one that

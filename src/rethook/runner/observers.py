@@ -297,7 +297,7 @@ class Recorder(_Drain):
                 writer.set_meta("functions", fs.function_locations(writer.has_string))
                 if self.sections is not None:
                     self.notes = self.sections(writer)
-                writer.close()
+                writer.close(release_memory=not fs.ctx.engine.ending)
             self.size = os.fstat(self._file.fileno()).st_size  # the program may have chdir'd
         finally:
             self._file.close()
