@@ -2213,7 +2213,11 @@ rethooks_work(PyObject *hook, PyObject *code, int with_frame)
     SET_BUSY(ts, 1);
     hook = Py_NewRef(hook);
     PyObject *frame = with_frame ? current_frame() : NULL;
-    PyObject *r = PyObject_CallFunctionObjArgs(hook, code, frame, NULL);
+    /* a vectorcall (no argument tuple made), with a slot before the arguments for the bound
+     * method's self (the hooks are the registry's and the engine's methods) */
+    PyObject *argv[3] = {NULL, code, frame};
+    size_t nargsf = (frame != NULL ? 2 : 1) | PY_VECTORCALL_ARGUMENTS_OFFSET;
+    PyObject *r = PyObject_Vectorcall(hook, argv + 1, nargsf, NULL);
     Py_XDECREF(frame);
     Py_DECREF(hook);
     SET_BUSY(ts, 0);

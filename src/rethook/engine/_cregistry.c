@@ -571,7 +571,8 @@ commit(PyObject *self, PyObject *args)
         return NULL;
     if (!ready())
         return NULL;
-    /* grouped by name without suffix, in the batch's order (dicts keep it) */
+    /* grouped by name without suffix, in the batch's order (dicts keep it): a group of one
+     * is its entry itself (the common case: no list made), of more a list of them */
     PyObject *groups = PyDict_New();
     PyObject *new = PyList_New(0);
     if (groups == NULL || new == NULL)
@@ -591,17 +592,18 @@ commit(PyObject *self, PyObject *args)
         PyObject *base = dotted(PyTuple_GET_ITEM(e, E_MODULE), PyTuple_GET_ITEM(e, E_QUALNAME));
         if (base == NULL)
             goto fail;
-        PyObject *members = PyDict_GetItemWithError(groups, base);
-        int rc;
-        if (members != NULL)
-            rc = PyList_Append(members, e);
-        else if (PyErr_Occurred())
-            rc = -1;
-        else {
-            PyObject *list = PyList_New(1);
+        const Py_ssize_t ngroups = PyDict_GET_SIZE(groups);
+        PyObject *members = PyDict_SetDefault(groups, base, e); /* (borrowed) */
+        int rc = members == NULL ? -1 : 0;
+        int more = members != NULL && PyDict_GET_SIZE(groups) == ngroups; /* (not a new one) */
+        if (more && PyList_CheckExact(members))
+            rc = PyList_Append(members, e); /* a group of several: one more */
+        else if (more) { /* a second member: the group becomes a list */
+            PyObject *list = PyList_New(2);
             rc = list == NULL ? -1 : 0;
             if (list != NULL) {
-                PyList_SET_ITEM(list, 0, Py_NewRef(e));
+                PyList_SET_ITEM(list, 0, Py_NewRef(members)); /* (entries holds it too) */
+                PyList_SET_ITEM(list, 1, Py_NewRef(e));
                 rc = PyDict_SetItem(groups, base, list);
                 Py_DECREF(list);
             }
@@ -614,11 +616,11 @@ commit(PyObject *self, PyObject *args)
     pos = 0;
     PyObject *base, *members;
     while (PyDict_Next(groups, &pos, &base, &members)) {
-        if (PyList_GET_SIZE(members) == 1) {
+        if (!PyList_CheckExact(members)) {
             int in_taken = PySet_Contains(taken, base);
             if (in_taken < 0)
                 goto fail;
-            PyObject *m = PyList_GET_ITEM(members, 0);
+            PyObject *m = members;
             PyObject *q = PyTuple_GET_ITEM(m, E_QUALNAME);
             int anon = in_taken ? 0 : is_anonymous(q);
             if (anon < 0)
@@ -640,7 +642,13 @@ commit(PyObject *self, PyObject *args)
                 continue;
             }
         }
-        if (name_apart(base, members, by_id, taken, column, new) < 0)
+        PyObject *list = PyList_CheckExact(members) ? Py_NewRef(members)
+                                                    : PyList_New(1); /* (a group of one) */
+        if (list != NULL && list != members)
+            PyList_SET_ITEM(list, 0, Py_NewRef(members));
+        int rc = list == NULL ? -1 : name_apart(base, list, by_id, taken, column, new);
+        Py_XDECREF(list);
+        if (rc < 0)
             goto fail;
     }
     Py_DECREF(groups);
