@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from bench_peers import _env, _read_marks, make_workloads  # noqa: E402
+from bench_peers import _env, make_workloads, split_run  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -70,9 +70,10 @@ def run_once(cmd: list[str], script: Path, marks: Path, source: Path | None) -> 
     t1 = time.time()
     if r.returncode != 0:
         sys.exit(f"bench_ab: {' '.join(cmd)} failed:\n{r.stderr[-2000:]}")
-    wall = _read_marks(marks)
-    first, last = wall[0][1], wall[-1][1]
-    return {"start": first - t0, "run": last - first, "finish": t1 - last, "whole": t1 - t0}
+    start, inrun, finish = split_run(marks, t0, t1)
+    if start is None or inrun is None or finish is None:
+        sys.exit(f"bench_ab: {' '.join(cmd)} wrote no start and end marks")
+    return {"start": start, "run": inrun, "finish": finish, "whole": t1 - t0}
 
 
 def main() -> None:

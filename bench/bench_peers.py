@@ -192,16 +192,24 @@ def run_once(tool: str, w: Workload, work: Path) -> Run:
     rss_kb = usage.ru_maxrss
     if TIME is not None and rss_path.exists():
         rss_kb = int(rss_path.read_text().split()[-1])
-    m = dict(_read_marks(marks))
-    start = m["start"] - t0 if "start" in m else None
-    inrun = m["end"] - m["start"] if "start" in m and "end" in m else None
-    finish = t1 - m["end"] if "end" in m else None
+    start, inrun, finish = split_run(marks, t0, t1)
     r = Run(tool, w.name, t1 - t0, start, inrun, finish, rss_kb,
             os.waitstatus_to_exitcode(status), out.stat().st_size if out.exists() else 0)
     _read_counts(r, stderr, out)
     if r.status != 0:
         r.stderr_tail = stderr[-2000:]
     return r
+
+
+def split_run(marks: Path, t0: float, t1: float) -> tuple[float | None, float | None,
+                                                          float | None]:
+    """``(start, in-run, finish)`` in seconds of a run spawned at ``t0`` that ended at ``t1``,
+    from its program's "start" and "end" marks (None where a mark is missing)."""
+    m = dict(_read_marks(marks))
+    start = m["start"] - t0 if "start" in m else None
+    inrun = m["end"] - m["start"] if "start" in m and "end" in m else None
+    finish = t1 - m["end"] if "end" in m else None
+    return start, inrun, finish
 
 
 def _read_marks(path: Path, field: int = 1) -> list[tuple[str, float]]:
