@@ -44,7 +44,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.n, args.repeat = 18, 1
-    from rethook.buffer.tracefile import TraceReader
+    from rethook.buffer.traceread import TraceReader
 
     with tempfile.TemporaryDirectory() as tmp:
         prog = os.path.join(tmp, "prog.py")

@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 import workloads  # noqa: E402
 from bench_engine import compare  # noqa: E402
-from rethook.buffer.tracefile import TraceReader  # noqa: E402
+from rethook.buffer.traceread import TraceReader  # noqa: E402
 from rethook.control import channel, directory  # noqa: E402
 
 BENCH = os.path.dirname(os.path.abspath(__file__))

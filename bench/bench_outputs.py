@@ -22,7 +22,7 @@ import tempfile
 import time
 import warnings
 
-from rethook.buffer.tracefile import TraceReader
+from rethook.buffer.traceread import TraceReader
 from rethook.cli.reporting import export_file, report_file
 from rethook.cli.summaries import info_file
 

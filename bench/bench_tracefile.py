@@ -36,7 +36,8 @@ import time
 from rethook.buffer import tracefile
 from rethook.buffer.events import FormatRegistry
 from rethook.buffer.ring import TraceBuffer
-from rethook.buffer.tracefile import TraceReader, TraceWriter
+from rethook.buffer.tracefile import TraceWriter
+from rethook.buffer.traceread import TraceReader
 
 WRITE_BUDGET_SECONDS = 0.5
 THREADS = 4

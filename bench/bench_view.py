@@ -26,7 +26,8 @@ import statistics
 import tempfile
 import time
 
-from rethook.buffer.tracefile import TraceReader, TraceWriter
+from rethook.buffer.tracefile import TraceWriter
+from rethook.buffer.traceread import TraceReader
 from rethook.output.html import write_html
 from rethook.output.perfetto import write_perfetto
 from rethook.tracers.formats import BUILTIN, FUNCGRAPH_ENTRY, FUNCGRAPH_EXIT

@@ -353,7 +353,7 @@ def test_trace_metadata(tmp_path: Path) -> None:
     r = rethook("record", "-o", str(out), "-b", "64", "-O", "funcgraph-retval", "golden.py",
                 "arg")
     assert r.returncode == 0, r.stderr
-    from rethook.buffer.tracefile import TraceReader
+    from rethook.buffer.traceread import TraceReader
 
     with TraceReader(out) as reader:
         meta = reader.meta

@@ -28,7 +28,7 @@ from pathlib import Path
 import click
 import pytest
 
-from rethook.buffer.tracefile import TraceReader
+from rethook.buffer.traceread import TraceReader
 from rethook.cli.ctl import parse_verb
 from rethook.cli.reporting import _render
 from rethook.control import directory

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from rethook.buffer import native
 from rethook.buffer.events import Lost
 from rethook.buffer.ring import NATIVE_PIPE_POLL_SECONDS, TraceBuffer
-from rethook.buffer.tracefile import TraceReader, write_trace
+from rethook.buffer.tracefile import write_trace
+from rethook.buffer.traceread import TraceReader
 from rethook.tracers.formats import builtin_registry
 
 NOT_BUILT = "rethook.buffer._cring is not built (python setup.py build_ext --inplace)"

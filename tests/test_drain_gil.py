@@ -23,7 +23,7 @@ from collections.abc import Callable
 import pytest
 
 import test_fused_drain as fd
-from rethook.buffer import native, tracefile
+from rethook.buffer import native, tracefile, traceread
 from rethook.buffer.tracefile import TraceWriter
 from rethook.tracers.formats import builtin_registry
 from test_fused_drain import CODES, TID, cring, finish, fused, names, tuple_path, write_records
@@ -497,7 +497,7 @@ def test_the_writer_closed_while_released(gil_mode):
     data = w._file.getvalue()
     assert fd.chunk_tags(data)[-1] == tracefile.TAG_END
     assert ring.stats()[0] == 0 and w.events_written == before + got > before
-    assert sum(1 for _ in tracefile.TraceReader(io.BytesIO(data)).events()) == before + got
+    assert sum(1 for _ in traceread.TraceReader(io.BytesIO(data)).events()) == before + got
 
 
 def _file_writer(path, batch: int = 30_000) -> TraceWriter:
@@ -568,7 +568,7 @@ def test_a_released_call_writes_the_strings_it_adds(gil_mode, tmp_path, monkeypa
     data = (tmp_path / "a.dat").read_bytes()
     assert data == (tmp_path / "b.dat").read_bytes()
     assert fd.chunk_tags(data).count(tracefile.TAG_STRINGS) > calls
-    events = list(tracefile.TraceReader(io.BytesIO(data)).events())
+    events = list(traceread.TraceReader(io.BytesIO(data)).events())
     assert len(events) == 100 + calls * per_call
     seen = {value for event in events for value in event if isinstance(value, str)}
     assert {name_of(code) for code in codes} <= seen
@@ -638,7 +638,7 @@ def test_close_from_name_of_ends_with_the_call(gil_mode, tmp_path):
     w._file.close()
     data = (tmp_path / "a.dat").read_bytes()
     assert fd.chunk_tags(data)[-1] == tracefile.TAG_END
-    assert sum(1 for _ in tracefile.TraceReader(io.BytesIO(data)).events()) == 10_000
+    assert sum(1 for _ in traceread.TraceReader(io.BytesIO(data)).events()) == 10_000
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork")

@@ -22,7 +22,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rethook.buffer.events import EventFormat, Lost
-from rethook.buffer.tracefile import TraceReader, TraceWriter, write_trace
+from rethook.buffer.tracefile import TraceWriter, write_trace
+from rethook.buffer.traceread import TraceReader
 from rethook.control import Tracefs
 from rethook.output.folded import write_folded
 from rethook.output.perfetto import (

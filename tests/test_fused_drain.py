@@ -29,7 +29,8 @@ from hypothesis import strategies as st
 from rethook.buffer import native, schema, tracefile
 from rethook.buffer.events import EventFormat, Lost
 from rethook.buffer.ring import TraceBuffer
-from rethook.buffer.tracefile import TraceReader, TraceWriter
+from rethook.buffer.tracefile import TraceWriter
+from rethook.buffer.traceread import TraceReader
 from rethook.tracers.formats import BUILTIN, FUNCGRAPH_ENTRY, builtin_registry
 
 cring = pytest.importorskip("rethook.buffer._cring",

@@ -48,9 +48,9 @@ from rethook.buffer.tracefile import (
     HEADER_SIZE,
     TraceFileError,
     TraceFileWarning,
-    TraceReader,
     TraceWriter,
 )
+from rethook.buffer.traceread import TraceReader
 from rethook.cli import main as climain
 from rethook.cli.reporting import export_file, hist_file, report_file
 from rethook.control.tracefs import Tracefs, TracefsError

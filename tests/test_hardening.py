@@ -21,7 +21,8 @@ import pytest
 
 from programs import calls
 from rethook import limits
-from rethook.buffer.tracefile import TraceReader, TraceWriter
+from rethook.buffer.tracefile import TraceWriter
+from rethook.buffer.traceread import TraceReader
 from rethook.control.tracefs import Tracefs, TracefsError
 from rethook.tracers.formats import builtin_registry
 

@@ -213,7 +213,7 @@ GENERATORS = ("squares", "fetch", "crawl")
 def counted(tmp_path_factory):
     """``counted.py`` recorded with a probe event; its own counts; the trace's entries and
     resumptions per (thread name, function)."""
-    from rethook.buffer.tracefile import TraceReader
+    from rethook.buffer.traceread import TraceReader
 
     tmp = tmp_path_factory.mktemp("counted")
     trace, counts = tmp / "trace.dat", tmp / "counts.json"

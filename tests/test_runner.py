@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from tests.test_cli import _env
 
-from rethook.buffer.tracefile import TraceReader
+from rethook.buffer.traceread import TraceReader
 from rethook.engine.select import choose_core
 
 PROGRAMS = Path(__file__).parent / "runner_programs"

@@ -38,11 +38,15 @@ STDLIB_LATER = ("platform", "tempfile", "subprocess", "traceback", "dataclasses"
 #: left to programs that use them (rethook's handlers use _signal). json imports re, which
 #: imports enum and functools: ~10 ms together, for a program that imports none of them
 #: (rethook.jsontext writes JSON without them; globs compile regexes when they need one).
-#: 3.12's threading imports functools itself. resource is a C extension (~0.2 ms to load):
-#: the memory limits are read from /proc/self/limits.
-STDLIB_UNUSED = ("contextlib", "heapq", "bisect", "importlib.util", "_posixsubprocess",
-                 "signal", "json", "re", "enum", "resource",
-                 *(("functools",) if sys.version_info >= (3, 13) else ()))
+#: 3.12's threading imports functools itself (and with it collections, reprlib and operator:
+#: ~2.5 ms that 3.13 does not pay). resource is a C extension (~0.2 ms to load): the memory
+#: limits are read from /proc/self/limits. weakref (~0.5 ms), array (which imports
+#: collections), importlib (~0.4 ms; the console script has no runpy to load it): rethook uses
+#: what they re-export from their C modules (_weakref, _collections, _frozen_importlib...).
+STDLIB_UNUSED = ("contextlib", "heapq", "bisect", "importlib", "_posixsubprocess",
+                 "signal", "json", "re", "enum", "resource", "weakref", "array",
+                 *(("functools", "collections", "reprlib", "operator")
+                   if sys.version_info >= (3, 13) else ()))
 #: The probe machinery, which a ``-e`` definition loads.
 PROBES = ("rethook.probes.events", "rethook.probes.fetch", "rethook.probes.evfilter")
 

@@ -23,7 +23,8 @@ from hypothesis import strategies as st
 
 from rethook.buffer import tracefile as tf
 from rethook.buffer.events import FIELD_TYPES, FormatRegistry, Lost
-from rethook.buffer.tracefile import TraceReader, TraceWriter
+from rethook.buffer.tracefile import TraceWriter
+from rethook.buffer.traceread import TraceReader
 
 NOT_BUILT = "rethook.buffer._tfenc is not built (no C compiler?): the writer runs tracefile.py"
 

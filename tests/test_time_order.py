@@ -21,7 +21,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rethook.buffer.events import EventFormat, Field, Lost
-from rethook.buffer.tracefile import TraceFileError, TraceFileWarning, TraceReader, TraceWriter
+from rethook.buffer.tracefile import TraceFileError, TraceFileWarning, TraceWriter
+from rethook.buffer.traceread import TraceReader
 from rethook.control import Tracefs
 from test_cli import rethook
 

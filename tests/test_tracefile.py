@@ -20,10 +20,10 @@ from rethook.buffer.tracefile import (
     HEADER_SIZE,
     TraceFileError,
     TraceFileWarning,
-    TraceReader,
     TraceWriter,
     write_trace,
 )
+from rethook.buffer.traceread import TraceReader
 
 ALL_TYPES = FormatRegistry()
 EVERY = ALL_TYPES.register(

@@ -31,7 +31,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rethook.buffer.tracefile import TraceReader, TraceWriter
+from rethook.buffer.tracefile import TraceWriter
+from rethook.buffer.traceread import TraceReader
 from rethook.output import html as view_html
 from rethook.output.folded import _graph_stacks
 from rethook.output.html import build_view, page

@@ -23,7 +23,7 @@ This module imports nothing of rethook's: every layer may use it.
 
 from __future__ import annotations
 
-from operator import attrgetter, itemgetter
+from _operator import attrgetter, itemgetter  # (operator.py: ~0.3 ms of every start-up)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ see one kind of event, whoever wrote it).
 
 from __future__ import annotations
 
-from operator import itemgetter
+from _operator import itemgetter
 from types import CodeType
 
 from rethook.buffer import schema

@@ -18,7 +18,8 @@ from typing import IO
 
 import click
 
-from rethook.buffer.tracefile import TraceFileError, TraceFileWarning, TraceReader
+from rethook.buffer.tracefile import TraceFileError, TraceFileWarning
+from rethook.buffer.traceread import TraceReader
 from rethook.cli.exports import EXPORTERS
 from rethook.output.text import FunctionRenderer, Threads, probe_describer, renderer_for
 from rethook.printable import printable, printable_lines

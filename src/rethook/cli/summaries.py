@@ -203,7 +203,8 @@ def info_json(info: Any) -> str:
 def info_file(path: str, as_json: bool) -> int:
     """``rethook info``: print the trace's metadata and counts; the exit status (1 if the file
     is damaged, after printing what is readable)."""
-    from rethook.buffer.tracefile import TraceFileError, TraceReader
+    from rethook.buffer.tracefile import TraceFileError
+    from rethook.buffer.traceread import TraceReader
     from rethook.cli.reporting import _error
     from rethook.cli.term import progress
     from rethook.output.info import trace_info

@@ -92,7 +92,7 @@ def error(text: str) -> None:
 
 class ProgressReader:
     """A trace reader that moves a progress bar as events are read: stands in for the
-    :class:`~rethook.buffer.tracefile.TraceReader` it wraps (every attribute but ``events``
+    :class:`~rethook.buffer.traceread.TraceReader` it wraps (every attribute but ``events``
     and ``ordered_events`` is the reader's). ``passes`` is how many times the caller will
     read the events (the exports that rebuild slices read them twice); more passes extend
     the bar."""

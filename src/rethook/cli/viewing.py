@@ -18,7 +18,8 @@ from pathlib import Path
 
 import click
 
-from rethook.buffer.tracefile import TraceFileError, TraceFileWarning, TraceReader
+from rethook.buffer.tracefile import TraceFileError, TraceFileWarning
+from rethook.buffer.traceread import TraceReader
 from rethook.output.html import DEFAULT_MAX_SLICES, View, write_html
 from rethook.runner.observers import human_size
 

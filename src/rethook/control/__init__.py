@@ -8,7 +8,7 @@ Names are imported on first use, so ``rethook.control.listen()`` loads only the 
 
 from __future__ import annotations
 
-import importlib
+import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -32,4 +32,5 @@ def __getattr__(name: str) -> Any:
     where = _WHERE.get(name)
     if where is None:
         raise AttributeError(f"module 'rethook.control' has no attribute {name!r}")
-    return getattr(importlib.import_module(where), name)
+    __import__(where)  # (as rethook.buffer's: importlib is not loaded at start-up)
+    return getattr(sys.modules[where], name)

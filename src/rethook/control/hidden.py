@@ -23,7 +23,6 @@ import os
 import sys
 import threading
 import time
-import warnings
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -126,12 +125,15 @@ def hush_fork_warning() -> None:
     counts threads after the at-fork hooks, which restart rethook's. Hide that one warning
     (the restarted thread lifts the filter as soon as it runs)."""
     if sys.version_info >= (3, 13) and os_threads() == 1:
+        import warnings  # (not at start-up: ~0.3 ms)
+
         warnings.filterwarnings("ignore", message=_FORK_WARNING, category=DeprecationWarning)
         _hushed.append(warnings.filters[0])
 
 
 def unhush_fork_warning() -> None:
-    while _hushed:
+    warnings = sys.modules.get("warnings")  # (hush_fork_warning loaded it)
+    while warnings is not None and _hushed:
         entry = _hushed.pop()
         try:
             warnings.filters.remove(entry)

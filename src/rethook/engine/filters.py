@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import sys
 import threading
-import weakref
+from _weakref import ref  # (as weakref.ref; weakref itself is ~0.5 ms of a start-up)
 from types import CodeType
 
 from rethook import limits
@@ -724,7 +724,10 @@ class _Index:
         return list(out.values())
 
 
-_indexes: weakref.WeakKeyDictionary[Registry, tuple[int, _Index]] = weakref.WeakKeyDictionary()
+#: id(registry) -> (a weak reference to it, its generation, its index). (Not a
+#: weakref.WeakKeyDictionary: the weakref module is ~0.5 ms of a start-up, and a program that
+#: imports it would find it imported or not depending on the filter.)
+_indexes: dict[int, tuple[ref[Registry], int, _Index]] = {}
 _indexes_lock = threading.Lock()
 
 
@@ -741,13 +744,15 @@ def _index_for(registry: Registry, pattern: Pattern | None = None) -> _Index:
     registry.complete(None if module is None else Within((module,)))
     generation = registry.generation
     functions = registry.functions(no_modules)  # what the call above completed
+    key = id(registry)
     with _indexes_lock:
-        cached = _indexes.get(registry)
-        if cached is not None and cached[0] == generation == registry.generation:
-            return cached[1]
+        cached = _indexes.get(key)
+        if cached is not None and cached[0]() is registry \
+                and cached[1] == generation == registry.generation:
+            return cached[2]
     index = _Index(functions)
-    with _indexes_lock:
-        _indexes[registry] = (generation, index)
+    with _indexes_lock:  # (the entry goes with the registry)
+        _indexes[key] = (ref(registry, lambda _r: _indexes.pop(key, None)), generation, index)
     return index
 
 

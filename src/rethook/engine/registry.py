@@ -66,8 +66,8 @@ import gc
 import os
 import sys
 import threading
-import weakref
 from _functools import partial  # (functools itself is not imported at start-up)
+from _weakref import ref  # (weakref, which re-exports it, is not either: ~0.5 ms)
 from types import (
     AsyncGeneratorType,
     CodeType,
@@ -341,10 +341,10 @@ class Registry:
         self._order = 0
         # code made by exec/eval that has not run yet -> the module that made it (the fallback
         # module of its name); weak, so code that never runs is not kept
-        self._sites: dict[int, tuple[weakref.ref[CodeType], str]] = {}
+        self._sites: dict[int, tuple[ref[CodeType], str]] = {}
         # module and class bodies _collect walked (their nested code registered): discover()
         # answers them at once (sqlglot runs ~1,200 class bodies as it is imported); weak
-        self._bodies: dict[int, weakref.ref[CodeType]] = {}
+        self._bodies: dict[int, ref[CodeType]] = {}
         # A body's reference calls partial(_drop_body, key)(ref) as it dies: pop(key, ref).
         # (Not a weakref.KeyedRef: its Python __new__ and __init__ cost ~8 k instructions a
         # body, sqlglot's import ~10 M; a C partial and a plain reference, a tenth of that.)
@@ -420,7 +420,7 @@ class Registry:
         cores that test membership on a hot path. Read only."""
         return self._by_id
 
-    def known_bodies(self) -> dict[int, weakref.ref[CodeType]]:
+    def known_bodies(self) -> dict[int, ref[CodeType]]:
         """``id(code) -> weak reference`` of the module and class bodies whose nested code is
         registered: the live dict itself, for cores that answer a body's first run without
         calling :meth:`discover` (an entry goes when its code does). Read only."""
@@ -667,13 +667,13 @@ class Registry:
     def _remember_site(self, code: CodeType, module: str) -> None:
         key = id(code)
         sites = self._sites
-        sites[key] = (weakref.ref(code, lambda _r, key=key: sites.pop(key, None)), module)
+        sites[key] = (ref(code, lambda _r, key=key: sites.pop(key, None)), module)
 
     def _remember_body(self, code: CodeType, key: int) -> None:
         """Note a module or class body whose nested code is registered (``key``: its id)."""
         if key in self._bodies:
             return
-        self._bodies[key] = weakref.ref(code, partial(self._drop_body, key))
+        self._bodies[key] = ref(code, partial(self._drop_body, key))
 
     def _notify(self, new: list[FunctionInfo]) -> None:
         if not new:

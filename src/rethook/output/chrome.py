@@ -27,7 +27,7 @@ import os
 from typing import Any, TextIO
 
 import rethook
-from rethook.buffer.tracefile import TraceReader
+from rethook.buffer.traceread import TraceReader
 from rethook.output.info import trace_pid
 from rethook.output.slices import INSTANT, SLICE_BEGIN, SLICE_END, slice_events
 

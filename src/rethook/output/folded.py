@@ -28,7 +28,7 @@ from collections.abc import Callable
 from typing import TextIO
 
 from rethook.buffer.events import COMMON_COUNT
-from rethook.buffer.tracefile import TraceReader
+from rethook.buffer.traceread import TraceReader
 from rethook.output.calltree import build_call_tree
 from rethook.output.info import thread_frame, trace_pid
 from rethook.output.slices import is_graph_trace, slice_events

@@ -48,7 +48,7 @@ from importlib import resources
 from itertools import compress
 from typing import Any, TextIO
 
-from rethook.buffer.tracefile import TraceReader
+from rethook.buffer.traceread import TraceReader
 from rethook.output.info import trace_pid
 from rethook.output.slices import INSTANT, SLICE_BEGIN, SLICE_END, slice_events
 

@@ -17,7 +17,7 @@ import os
 from typing import Any
 
 from rethook.buffer.events import Lost
-from rethook.buffer.tracefile import TraceReader
+from rethook.buffer.traceread import TraceReader
 from rethook.frozen import Fields, Frozen
 
 

@@ -31,7 +31,7 @@ import os
 import struct
 from typing import Any, BinaryIO
 
-from rethook.buffer.tracefile import TraceReader
+from rethook.buffer.traceread import TraceReader
 from rethook.output.info import trace_pid
 from rethook.output.slices import INSTANT, SLICE_BEGIN, SLICE_END, slice_events
 

@@ -24,7 +24,7 @@ import os
 from collections.abc import Callable, Iterable
 from typing import IO, Any
 
-from rethook.buffer.tracefile import TraceReader
+from rethook.buffer.traceread import TraceReader
 from rethook.output.durations import MARK_STYLES, graph_duration, mark
 from rethook.output.info import Location, function_locations
 from rethook.output.slices import SLICE_BEGIN, SLICE_END, Record, slice_events

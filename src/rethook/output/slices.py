@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from rethook.buffer.events import COMMON_COUNT, EventFormat, Lost
-from rethook.buffer.tracefile import TraceReader
+from rethook.buffer.traceread import TraceReader
 from rethook.tracers.formats import EXIT_RAISED
 
 FLAG_UNFINISHED = 1  # the engine's flags on funcgraph_exit (rethook.engine.core)

@@ -21,7 +21,7 @@ import json
 from typing import Any, TextIO
 
 import rethook
-from rethook.buffer.tracefile import TraceReader
+from rethook.buffer.traceread import TraceReader
 from rethook.output.info import function_locations, thread_frame, trace_pid
 from rethook.output.slices import SLICE_BEGIN, SLICE_END, slice_events
 

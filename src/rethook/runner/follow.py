@@ -36,7 +36,7 @@ import threading
 import types
 
 from rethook import jsontext
-from rethook.buffer.tracefile import TAG_END, TraceTail, TraceWriter, iter_chunks
+from rethook.buffer.tracefile import TAG_END, TraceWriter, iter_chunks
 from rethook.engine.registry import find_spec_after
 from rethook.runner.settings import TraceSettings
 
@@ -44,6 +44,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
     from typing import Any
+
+    from rethook.buffer.traceread import TraceTail
 
 #: What the start-up hook is told, in the environment of a program the run starts.
 ENV_RUN = "RETHOOK_FOLLOW"
@@ -272,6 +274,8 @@ class Follow:
     # --- stream: children's events while they run ------------------------------------------
     def tails(self, known: dict[str, TraceTail]) -> Iterator[tuple[int, TraceTail]]:
         """Every child trace file as a :class:`TraceTail` (new ones added to ``known``)."""
+        from rethook.buffer.traceread import TraceTail  # (stream's: record needs no reader)
+
         try:
             names = sorted(os.listdir(self.rundir)) if self.rundir else []
         except OSError:

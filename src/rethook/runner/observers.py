@@ -19,7 +19,7 @@ import types
 
 import rethook
 from rethook import jsontext
-from rethook.buffer.tracefile import DEFAULT_BATCH_EVENTS, TraceWriter, events_in_file
+from rethook.buffer.tracefile import DEFAULT_BATCH_EVENTS, TraceWriter
 from rethook.control.hidden import HiddenThread, hush_fork_warning, unhush_fork_warning
 from rethook.control.tracefs import Tracefs
 from rethook.engine import clock
@@ -305,6 +305,8 @@ class Recorder(_Drain):
         totals = fs.ctx.buffer.totals()
         self.lost = totals.lost + (writer.sections_lost if writer is not None else 0)
         if self.error is not None:  # what counts is what a reader will find in the file
+            from rethook.buffer.traceread import events_in_file  # (not loaded to record)
+
             self.events = events_in_file(self._abspath)
             self.lost = max(self.lost, totals.written - self.events)
         patterns = fs.ctx.ftrace_filter.filter_patterns

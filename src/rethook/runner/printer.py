@@ -17,7 +17,7 @@ import signal
 import sys
 from typing import Any
 
-from rethook.buffer.tracefile import TraceTail
+from rethook.buffer.traceread import TraceTail
 from rethook.output.text import Threads, probe_describer, renderer_for, switch_lines
 
 #: How long the printer waits for the file to grow before looking again.

@@ -17,12 +17,16 @@ from __future__ import annotations
 
 import atexit
 import builtins
-import importlib.machinery
 import io
 import os
 import sys
 import threading
 import types
+
+# The interpreter's own import machinery, which importlib.machinery re-exports: the importlib
+# package is ~0.3 ms of a script's start-up (a module run loads it anyway: _find_spec).
+from _frozen_importlib import BuiltinImporter
+from _frozen_importlib_external import ExtensionFileLoader, PathFinder, SourceFileLoader
 
 from rethook import gcpause
 from rethook.engine.core import notrace
@@ -34,6 +38,7 @@ except ImportError:  # no C core built
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import importlib.machinery
     from collections.abc import Callable, Container, Iterator, Sequence
     from typing import Any
 
@@ -119,7 +124,7 @@ class Program:
         self.code = compile_exec(source, path)
         self.path = path
         self.path0 = os.path.dirname(os.path.realpath(path))  # as Python does: links resolved
-        self.loader = importlib.machinery.SourceFileLoader("__main__", path)
+        self.loader = SourceFileLoader("__main__", path)
         _set_path0(self.path0)
 
     def _load_module(self, name: str) -> None:
@@ -215,7 +220,7 @@ def package_loaders(top: str) -> Iterator[tuple[str, Any]]:
         loader = spec.loader
         if loader is not None and hasattr(loader, "get_code") and spec.origin not in (
                 None, "built-in", "frozen") and not isinstance(
-                loader, importlib.machinery.ExtensionFileLoader):
+                loader, ExtensionFileLoader):
             count += 1
             yield name, loader
         locations = spec.submodule_search_locations
@@ -224,7 +229,7 @@ def package_loaders(top: str) -> Iterator[tuple[str, Any]]:
         for entry in _submodule_names(list(locations)):
             full = f"{name}.{entry}"
             try:
-                sub = importlib.machinery.PathFinder.find_spec(full, list(locations))
+                sub = PathFinder.find_spec(full, list(locations))
             except (ImportError, ValueError, OSError, KeyError):
                 continue  # KeyError: a namespace subpackage wants its parent imported
             if sub is not None:
@@ -234,6 +239,8 @@ def package_loaders(top: str) -> Iterator[tuple[str, Any]]:
 def _submodule_names(locations: list[str]) -> list[str]:
     """Names of the modules and packages in a package's directories (pkgutil's rule)."""
     names: dict[str, None] = {}
+    import importlib.machinery  # (loaded by now: _find_spec)
+
     suffixes = tuple(importlib.machinery.all_suffixes())
     for where in locations:
         try:
@@ -292,7 +299,7 @@ def _find_spec_unimported(name: str) -> importlib.machinery.ModuleSpec | None:
         if loaded is not None:
             spec = getattr(loaded, "__spec__", None)
             continue
-        spec = importlib.machinery.PathFinder.find_spec(full, list(spec.submodule_search_locations))
+        spec = PathFinder.find_spec(full, list(spec.submodule_search_locations))
     return spec
 
 
@@ -385,7 +392,7 @@ def install_main(program: Program) -> dict[str, Any]:
         g["__package__"] = None
     if program.command is not None:
         del g["__file__"], g["__cached__"]  # python -c's __main__ has neither
-        g["__loader__"] = importlib.machinery.BuiltinImporter
+        g["__loader__"] = BuiltinImporter
     sys.modules["__main__"] = main
     sys.argv = program.argv
     _set_path0(program.path0)

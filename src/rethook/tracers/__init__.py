@@ -12,7 +12,7 @@
 
 from __future__ import annotations
 
-import importlib
+import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -32,15 +32,20 @@ _CLASSES = {
 TRACER_NAMES: tuple[str, ...] = tuple(_CLASSES)
 
 
+def _module(name: str) -> Any:
+    __import__(name)  # (as rethook.buffer's: importlib is not loaded at start-up)
+    return sys.modules[name]
+
+
 def __getattr__(name: str) -> Any:
     """``TRACERS`` (name -> tracer class, ``dict[str, type[Tracer]]``) and the classes."""
     if name == "TRACERS":
-        tracers = {n: getattr(importlib.import_module(m), c) for n, (m, c) in _CLASSES.items()}
+        tracers = {n: getattr(_module(m), c) for n, (m, c) in _CLASSES.items()}
         globals()["TRACERS"] = tracers
         return tracers
     for module, cls in (*_CLASSES.values(), ("rethook.tracers.base", "Tracer")):
         if name == cls:
-            return getattr(importlib.import_module(module), cls)
+            return getattr(_module(module), cls)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

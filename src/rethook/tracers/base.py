@@ -4,7 +4,6 @@ Tracer interface the control surface drives (the kernel's ``struct tracer``).
 
 from __future__ import annotations
 
-import reprlib
 from types import CodeType, FrameType
 
 from rethook.buffer.events import FormatRegistry, clock_ns
@@ -37,18 +36,28 @@ OPTION_DEFAULTS: dict[str, bool] = {
     "funcgraph-args": False,  # arguments at entry
 }
 
-#: Limits of the reprs recorded for return values and arguments.
-_repr = reprlib.Repr()
-_repr.maxstring = 60
-_repr.maxother = 60
-_repr.maxlong = 40
-_repr.maxlevel = 3
+_repr: Any = None  # made at the first use: reprlib is not loaded at start-up (~0.3 ms)
+
+
+def bounded_reprs() -> Any:
+    """The limits of the reprs recorded for return values and arguments (a tracer that
+    records them calls this as it starts, not in its first handler)."""
+    global _repr
+    import reprlib
+
+    r = reprlib.Repr()
+    r.maxstring = 60
+    r.maxother = 60
+    r.maxlong = 40
+    r.maxlevel = 3
+    _repr = r
+    return r
 
 
 def bounded_repr(value: Any) -> str:
     """A short repr that never raises (the traced program's __repr__ may)."""
     try:
-        return _repr.repr(value)
+        return (_repr or bounded_reprs()).repr(value)
     except Exception as e:  # noqa: BLE001 - any failure of user code is reported, not raised
         return f"<repr failed: {type(e).__name__}>"
 

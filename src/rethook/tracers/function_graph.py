@@ -16,7 +16,7 @@ from types import CodeType, FrameType
 
 from rethook.engine.core import FLAG_UNFINISHED
 from rethook.engine.engine import FgraphOps
-from rethook.tracers.base import OpsTracer, TraceContext, bounded_repr, format_args
+from rethook.tracers.base import OpsTracer, TraceContext, bounded_repr, bounded_reprs, format_args
 from rethook.tracers.formats import (
     EXIT_RAISED,
     FUNCGRAPH_ENTRY,
@@ -72,6 +72,8 @@ class GraphOps(FgraphOps):
         self.sleep_time = opts["sleep-time"]
         self.retval = opts["funcgraph-retval"]
         self.args = opts["funcgraph-args"]
+        if self.retval or self.args:
+            bounded_reprs()
         self.overrun = opts["funcgraph-overrun"]
         self.wants_frame = self.args
         self.name_of = ctx.registry.name
