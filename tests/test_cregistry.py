@@ -194,6 +194,58 @@ def test_c_registers_the_standard_librarys_namespaces_as_python_does(
     assert len(py[0][0]) > 50  # (collections' functions, named)
 
 
+def test_c_picks_the_tops_python_picks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """_tops' common case in C, the rest through _top_of: the same (code, module, qualname)
+    for plain functions, a module body run as a function, the same code under two globals
+    (the first wins), code made from a string (named after its function or class), globals
+    without a usable ``__name__``, rethook's own, and code already known."""
+    import dataclasses
+    import types
+
+    from rethook.engine import core
+
+    def plain():
+        pass
+
+    @dataclasses.dataclass
+    class Made:
+        x: int = 0
+
+    class Name(str):
+        pass
+
+    body = types.FunctionType(compile("y = 1", "/src/m.py", "exec"), {"__name__": "m"})
+    twin = types.FunctionType(plain.__code__, {"__name__": "other"})
+    nameless = types.FunctionType(compile("def h(): pass", "/src/n.py", "exec").co_consts[0], {})
+    odd = types.FunctionType(compile("def k(): pass", "/src/o.py", "exec").co_consts[0],
+                             {"__name__": Name("oddmod")})
+    empty = types.FunctionType(compile("def e(): pass", "/src/e.py", "exec").co_consts[0],
+                               {"__name__": ""})
+    gen = types.FunctionType(compile("def g(): pass", "<string>", "exec").co_consts[0],
+                             {"__name__": "genmod"})
+    own = types.FunctionType(compile("def o(): pass", "/src/r.py", "exec").co_consts[0],
+                             {"__name__": core.OWN_PACKAGE + ".x"})
+    frozen = types.FunctionType(compile("def z(): pass", "<frozen zz>", "exec").co_consts[0],
+                                {"__name__": "zz"})
+    funcs = [plain, twin, body, Made.__init__, Made.__repr__, nameless, odd, empty, gen, own,
+             frozen, registry.default_registry, plain]
+    owners = {id(Made.__init__): (Made, Made.__init__), id(Made.__repr__): (Made, Made.__repr__)}
+
+    def tops(use_c: bool) -> list:
+        with monkeypatch.context() as m:
+            if not use_c:
+                m.setattr(registry, "_c", None)
+            reg = registry.Registry()
+            reg._by_id[id(frozen.__code__)] = None  # (known: left out)
+            return sorted(((id(c), mod, q) for c, mod, q in reg._tops(iter(funcs), owners)),
+                          key=repr)
+
+    py = tops(False)
+    assert py == tops(True)
+    assert (id(plain.__code__), __name__, plain.__qualname__) in py  # (not the twin's module)
+    assert len(py) == 7  # (not the body, rethook's own, the known code nor a twin again)
+
+
 def test_c_selects_codes_by_id_as_python_does(monkeypatch: pytest.MonkeyPatch) -> None:
     """codes_by_id (the engine's selection of a module's new functions): each info's
     ``id(code): code`` into every dict given, in C as in Python, whatever the dicts held;

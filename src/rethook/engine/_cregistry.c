@@ -22,6 +22,11 @@
  *       several functions of one name share a line)
  *   namespace_functions(module, known, owners) -> list of functions
  *       registry._namespace_functions
+ *   tops(functions, by_id, own) -> (tops, rest)
+ *       registry._tops' common case: (code, module, qualname) of each function with new
+ *       code whose globals name a module not rethook's (``own``) and whose file is one; the
+ *       first function of each new code that is none of these goes to ``rest``, for
+ *       registry._top_of
  *   codes_by_id(infos, dicts)
  *       registry.codes_by_id: id(info.code) -> info.code into each dict
  *
@@ -60,7 +65,7 @@ static PyObject *fields[N_FIELDS];
 static PyObject *partial_type; /* functools.partial (setup) */
 static PyObject *s_code, *s_wrapped, *s_func, *s_fget, *s_fset, *s_fdel, *s_module, *s_name,
     *s_dot, *s_lambda, *s_genexpr, *s_listcomp, *s_setcomp, *s_dictcomp, *s_generic,
-    *s_module_body, *s_empty;
+    *s_module_body, *s_empty, *s_frozen;
 
 static int
 ready(void)
@@ -811,6 +816,87 @@ namespace_functions(PyObject *self, PyObject *args)
     return w.out;
 }
 
+/* --- tops -------------------------------------------------------------------------------- */
+
+/* registry._is_synthetic: a file name like "<string>" (code made from a string), not frozen. */
+static int
+is_synthetic(PyObject *filename)
+{
+    return PyUnicode_Check(filename) && PyUnicode_GET_LENGTH(filename) > 0 &&
+           PyUnicode_READ_CHAR(filename, 0) == '<' &&
+           PyUnicode_Tailmatch(filename, s_frozen, 0, PY_SSIZE_T_MAX, -1) != 1;
+}
+
+/* core.is_own_module: own itself or a module under it. */
+static int
+is_own(PyObject *module, PyObject *own)
+{
+    Py_ssize_t n = PyUnicode_GET_LENGTH(own);
+    if (PyUnicode_Tailmatch(module, own, 0, n, -1) != 1)
+        return 0;
+    return PyUnicode_GET_LENGTH(module) == n || PyUnicode_READ_CHAR(module, n) == '.';
+}
+
+/* registry._tops, in C where nothing needs Python's judgment (see the header). */
+static PyObject *
+tops(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *funcs, *by_id, *own;
+    if (!PyArg_ParseTuple(args, "O!O!U", &PyList_Type, &funcs, &PyDict_Type, &by_id, &own))
+        return NULL;
+    PyObject *out = PyList_New(0), *rest = PyList_New(0), *seen = PySet_New(NULL);
+    if (out == NULL || rest == NULL || seen == NULL)
+        goto fail;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(funcs); i++) {
+        PyObject *f = PyList_GET_ITEM(funcs, i);
+        if (!PyFunction_Check(f)) {
+            PyErr_SetString(PyExc_TypeError, "tops: a list of functions");
+            goto fail;
+        }
+        PyCodeObject *code = (PyCodeObject *)PyFunction_GET_CODE(f);
+        if (!(code->co_flags & CO_NEWLOCALS_))
+            continue; /* a module or class body running now (registry._tops says why) */
+        PyObject *key = PyLong_FromVoidPtr(code);
+        int skip = key == NULL ? -1 : PyDict_Contains(by_id, key);
+        if (skip == 0)
+            skip = PySet_Contains(seen, key);
+        if (skip == 0)
+            skip = PySet_Add(seen, key);
+        Py_XDECREF(key);
+        if (skip < 0)
+            goto fail;
+        if (skip)
+            continue;
+        PyObject *module = PyDict_GetItemWithError(PyFunction_GET_GLOBALS(f), s_name);
+        if (module == NULL && PyErr_Occurred())
+            goto fail;
+        if (module == NULL || !PyUnicode_CheckExact(module) || PyUnicode_GET_LENGTH(module) == 0 ||
+            is_synthetic(code->co_filename)) {
+            if (PyList_Append(rest, f) < 0) /* registry._top_of decides */
+                goto fail;
+            continue;
+        }
+        if (is_own(module, own))
+            continue;
+        PyObject *t = PyTuple_Pack(3, (PyObject *)code, module, code->co_qualname);
+        int rc = t == NULL ? -1 : PyList_Append(out, t);
+        Py_XDECREF(t);
+        if (rc < 0)
+            goto fail;
+    }
+    Py_DECREF(seen);
+    PyObject *r = PyTuple_Pack(2, out, rest);
+    Py_DECREF(out);
+    Py_DECREF(rest);
+    return r;
+fail:
+    Py_XDECREF(out);
+    Py_XDECREF(rest);
+    Py_XDECREF(seen);
+    return NULL;
+}
+
 /* --- codes_by_id ------------------------------------------------------------------------- */
 
 /* registry.codes_by_id: id(info.code) -> info.code of each info, into each dict given. */
@@ -859,6 +945,8 @@ static PyMethodDef methods[] = {
      "registry.codes_by_id: id(info.code) -> info.code, into each dict."},
     {"namespace_functions", namespace_functions, METH_VARARGS,
      "registry._namespace_functions: unknown functions of a module's namespace."},
+    {"tops", tops, METH_VARARGS,
+     "registry._tops' common case: (code, module, qualname) of functions with new code."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -875,10 +963,10 @@ PyInit__cregistry(void)
 {
     PyObject **strs[] = {&s_code, &s_wrapped, &s_func, &s_fget, &s_fset, &s_fdel, &s_module,
                          &s_name, &s_dot, &s_lambda, &s_genexpr, &s_listcomp, &s_setcomp,
-                         &s_dictcomp, &s_generic, &s_module_body, &s_empty};
+                         &s_dictcomp, &s_generic, &s_module_body, &s_empty, &s_frozen};
     const char *text[] = {"code", "__wrapped__", "__func__", "fget", "fset", "fdel", "__module__",
                           "__name__", ".", "<lambda>", "<genexpr>", "<listcomp>", "<setcomp>",
-                          "<dictcomp>", "<generic parameters of ", "<module>", ""};
+                          "<dictcomp>", "<generic parameters of ", "<module>", "", "<frozen "};
     for (size_t i = 0; i < sizeof strs / sizeof *strs; i++) {
         if (*strs[i] == NULL && (*strs[i] = PyUnicode_InternFromString(text[i])) == NULL)
             return NULL;

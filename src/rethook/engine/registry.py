@@ -79,7 +79,7 @@ from types import (
 )
 
 from rethook.engine import forklocks
-from rethook.engine.core import is_own_module, notrace
+from rethook.engine.core import OWN_PACKAGE, is_own_module, notrace
 from rethook.frozen import Frozen
 
 TYPE_CHECKING = False
@@ -228,10 +228,12 @@ def code_kind(code: CodeType) -> str:
 
 def _load_c() -> Any:
     """engine/_cregistry.c, set up with this module's facts: the C twin of :meth:`Registry.
-    _collect`, of the naming loop of :meth:`Registry._commit` and of
-    :func:`_namespace_functions` (the same results at a tenth of the cost: a module's import
-    names every function its body will make). None where it is not built, or where the pure
-    engine is asked for (``RETHOOK_ENGINE=python``): this module is the reference."""
+    _collect`, of the naming loop of :meth:`Registry._commit`, of :func:`_namespace_functions`
+    and of :meth:`Registry._tops`' common case (the same results at a tenth of the cost: a
+    module's import names every function its body will make, and the first call into a module
+    loaded before the program registers its whole namespace). None where it is not built, or
+    where the pure engine is asked for (``RETHOOK_ENGINE=python``): this module is the
+    reference."""
     from rethook.engine.select import ENV_VAR, PURE_NAMES
 
     if os.environ.get(ENV_VAR, "").strip().lower() in PURE_NAMES:
@@ -784,6 +786,14 @@ class Registry:
               ) -> list[tuple[CodeType, str, str]]:
         """``(code, module, qualname)`` of the functions not known yet, not rethook's own
         (in gc's order: :meth:`_register_tops` sorts them)."""
+        if _c is not None:  # (the common case in C: the rest as below, function by function)
+            tops, rest = _c.tops(funcs if type(funcs) is list else list(funcs), self._by_id,
+                                 OWN_PACKAGE)
+            for f in rest:
+                top = self._top_of(f, f.__code__, owners)
+                if top is not None:
+                    tops.append(top)
+            return tops
         fresh: list[tuple[FunctionType, CodeType]] = []
         seen: set[int] = set()
         by_id = self._by_id
@@ -802,25 +812,33 @@ class Registry:
                 fresh.append((f, code))
         tops: list[tuple[CodeType, str, str]] = []
         for f, code in fresh:
-            module = self._function_module(f)
-            if is_own_module(module):
-                continue
-            qualname = code.co_qualname
-            if _is_synthetic(code.co_filename):
-                # Generated code (dataclasses, namedtuple, attrs) compiles every method as
-                # "__create_fn__.<locals>.__init__" or similar; its class, or else the
-                # function, knows better (see "Generated code").
-                owner = owners.get(id(f)) if owners else None
-                attr = _attribute_of(*owner) if owner is not None else None
-                if owner is not None and attr is not None:
-                    owner_module, qualname = _method_name(owner[0], attr)
-                    module = owner_module or module
-                else:
-                    fq = getattr(f, "__qualname__", None)
-                    if isinstance(fq, str) and fq:
-                        qualname = fq
-            tops.append((code, module, qualname))
+            top = self._top_of(f, code, owners)
+            if top is not None:
+                tops.append(top)
         return tops
+
+    def _top_of(self, f: FunctionType, code: CodeType,
+                owners: dict[int, tuple[type, object]] | None) -> tuple[CodeType, str, str] | None:
+        """``(code, module, qualname)`` of a function whose code is new, or None for rethook's
+        own (one step of :meth:`_tops`)."""
+        module = self._function_module(f)
+        if is_own_module(module):
+            return None
+        qualname = code.co_qualname
+        if _is_synthetic(code.co_filename):
+            # Generated code (dataclasses, namedtuple, attrs) compiles every method as
+            # "__create_fn__.<locals>.__init__" or similar; its class, or else the
+            # function, knows better (see "Generated code").
+            owner = owners.get(id(f)) if owners else None
+            attr = _attribute_of(*owner) if owner is not None else None
+            if owner is not None and attr is not None:
+                owner_module, qualname = _method_name(owner[0], attr)
+                module = owner_module or module
+            else:
+                fq = getattr(f, "__qualname__", None)
+                if isinstance(fq, str) and fq:
+                    qualname = fq
+        return code, module, qualname
 
     def _register_tops(self, tops: list[tuple[CodeType, str, str]]) -> list[FunctionInfo]:
         """Register functions' code as ``(code, module, qualname)`` and their nested code."""
