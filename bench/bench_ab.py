@@ -9,10 +9,11 @@ built, into a temporary directory; each build then runs as ``rethook record -l '
 own source (on ``PYTHONPATH``), and ``python`` runs the program untraced, in turn, N times.
 The programs are bench_peers.py's (``sqlglot``, ``threads``, ``bm:NAME``); their marks
 (bench/programs/_marks.py) split each run into start (spawn to the program's first line), run
-(its first line to its last) and finish (its last line to the exit). Medians in ms, and what
-this tree changes against the base. On a noisy machine only differences that hold across
-repeated invocations mean anything; the run column of a program with few calls is mostly
-noise.
+(its first line to its last) and finish (its last line to the exit); "run cpu" is the
+program's thread's CPU time in the run (the run minus it: waiting, for the GIL or the disk).
+Medians in ms, and what this tree changes against the base. On a noisy machine only
+differences that hold across repeated invocations mean anything; the run column of a program
+with few calls is mostly noise.
 """
 
 from __future__ import annotations
@@ -28,11 +29,11 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from bench_peers import _env, make_workloads, split_run  # noqa: E402
+from bench_peers import _env, _read_marks, make_workloads, split_run  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-PHASES = ("start", "run", "finish", "whole")
+PHASES = ("start", "run", "run cpu", "finish", "whole")
 #: rethook's command line, run from whichever source PYTHONPATH puts first
 RECORD = ["-c", "import sys; from rethook.cli import entry; sys.argv[0] = 'rethook'; entry()",
           "record", "-l", "*"]
@@ -73,7 +74,9 @@ def run_once(cmd: list[str], script: Path, marks: Path, source: Path | None) -> 
     start, inrun, finish = split_run(marks, t0, t1)
     if start is None or inrun is None or finish is None:
         sys.exit(f"bench_ab: {' '.join(cmd)} wrote no start and end marks")
-    return {"start": start, "run": inrun, "finish": finish, "whole": t1 - t0}
+    cpu = dict(_read_marks(marks, field=2))  # the program's thread's CPU time at each mark
+    return {"start": start, "run": inrun, "run cpu": cpu["end"] - cpu["start"],
+            "finish": finish, "whole": t1 - t0}
 
 
 def main() -> None:
