@@ -468,6 +468,29 @@ def test_a_filter_of_every_function_selects_them_by_their_registration(
     rec.assert_exactly_once()
 
 
+def test_the_c_core_arms_every_functions_first_calls_itself(engine, tmp_path, monkeypatch):
+    """Under ``*`` alone the C core hooks a first call itself, as Engine._arm would (the
+    engine hands it the users' shared dispatch: _arm_in_core); the pure core asks _arm.
+    The same calls are recorded either way, a generator's too."""
+    asked = []
+    real = type(engine)._arm
+    monkeypatch.setattr(type(engine), "_arm", lambda self, code: asked.append(code.co_name)
+                        or real(self, code))
+    c_core = hasattr(engine.core, "set_fast_arm")
+    with _recorded_module(engine, tmp_path, monkeypatch, OUTER_INNER_UNUSED + """
+        def dx_gen(n):
+            yield from range(n)
+    """, filt="*") as (mod, rec):
+        assert mod.dx_outer(2) == [0, 2] and list(mod.dx_gen(2)) == [0, 1]
+        assert _armed(engine, mod.dx_outer.__code__) and _armed(engine, mod.dx_gen.__code__)
+        mine = [n for n in asked if n.startswith("dx_")]
+        assert mine == ([] if c_core else ["dx_outer", "dx_inner", "dx_gen"])
+        assert not _armed(engine, mod.dx_unused.__code__)
+    calls = [n for n in rec.names() if n.startswith("dx_")]
+    assert calls == ["dx_outer", "dx_inner", "dx_inner", "dx_gen"]
+    rec.assert_exactly_once()
+
+
 def test_every_function_and_a_module_filter_together(engine, tmp_path, monkeypatch):
     """An implicit selection (``*``) and an explicit one (a module's ``*:mod:``) side by
     side: each function is hooked once, at its first call, for the users that select it."""

@@ -420,6 +420,7 @@ class Engine:
             if not self.running:
                 return
             global _active
+            self._arm_in_core(False)
             self.check_hook()
             if sys.monitoring.get_tool(self.tool_id) is None:
                 try:
@@ -597,7 +598,29 @@ class Engine:
         first call while one of them is implicit (_EveryRegistered)."""
         self._implicit = any(type(sel) is _EveryRegistered for sel in self._selection.values())
         if self.running:
+            self._arm_in_core(False)  # (until the users are settled: _reconcile)
             self.core.set_arm_known(self._implicit)
+
+    def _arm_in_core(self, on: bool = True) -> None:
+        """While one set of users takes every known function (``-l '*'``), hand the C core
+        what :meth:`_arm` would build for a first call (what those users share, from
+        :meth:`_shared_dispatch`), and it arms such calls itself (_ccore.c, "A first call
+        armed in C"); anything else, or ``on`` False, takes that back. Caller holds the
+        lock."""
+        set_fast_arm = getattr(self.core, "set_fast_arm", None)
+        if set_fast_arm is None:
+            return
+        users = self._current_users() if on and self.running else []
+        if len(users) != 1 or type(self._selection.get(users[0][0])) is not _EveryRegistered:
+            set_fast_arm(None)
+            return
+        parts = self._shared.get((0,))
+        if parts is None:
+            parts = self._shared[(0,)] = self._shared_dispatch(users)
+        entry, graph, flags, mask, capsule = parts
+        set_fast_arm((self._lock, self._events, entry, graph, flags, mask, capsule,
+                      sys.monitoring.set_local_events, self.tool_id,
+                      sys.monitoring.restart_events, self._hook_late, self))
 
     @_untraced
     def _on_new_functions(self, infos: list[FunctionInfo]) -> None:
@@ -833,7 +856,16 @@ class Engine:
 
     def _reconcile(self, retired: list[_core.Registration], removing: bool = False,
                    everything: bool = False) -> None:
-        """Publish the dispatch for the current users; sweep what left (see module doc)."""
+        """Publish the dispatch for the current users; sweep what left (see module doc).
+        The C core arms first calls itself again only once that is done (_arm_in_core)."""
+        self._arm_in_core(False)
+        try:
+            self._reconcile_now(retired, removing, everything)
+        finally:
+            self._arm_in_core()
+
+    def _reconcile_now(self, retired: list[_core.Registration], removing: bool,
+                       everything: bool) -> None:
         core = self.core
         tool = self.tool_id
         returns = core.LOCAL_RETURN_EVENTS

@@ -64,6 +64,7 @@ if _ccore is not None:
         _discovery_state = staticmethod(_ccore.set_discovery)
         set_max_depth = staticmethod(_ccore.set_max_depth)
         set_arm_known = staticmethod(_ccore.set_arm_known)
+        set_fast_arm = staticmethod(_ccore.set_fast_arm)
         set_sweeping = staticmethod(_ccore.set_sweeping)
         set_overflow = staticmethod(_ccore.set_overflow)
         drain_wait = staticmethod(_ccore.drain_wait)
