@@ -491,6 +491,30 @@ def test_the_c_core_arms_every_functions_first_calls_itself(engine, tmp_path, mo
     rec.assert_exactly_once()
 
 
+def test_a_forked_childs_threads_arm_their_first_calls(engine, tmp_path, monkeypatch):
+    """In a fork's child the engine's lock is a new one (forklocks.py): a first call in a
+    thread the child starts is hooked there as in the parent, whichever core arms it."""
+    import os
+    import threading
+    import warnings
+
+    with _recorded_module(engine, tmp_path, monkeypatch, OUTER_INNER_UNUSED,
+                          filt="*") as (mod, rec):
+        assert mod.dx_outer(1) == [0]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: fork with threads
+            pid = os.fork()
+        if pid == 0:
+            done = []
+            t = threading.Thread(target=lambda: done.append(mod.dx_unused()))
+            t.start()
+            t.join()
+            os._exit(0 if done == [0] and _armed(engine, mod.dx_unused.__code__) else 1)
+        assert os.waitpid(pid, 0)[1] == 0
+        assert not _armed(engine, mod.dx_unused.__code__)  # (the parent never called it)
+    rec.assert_exactly_once()
+
+
 def test_every_function_and_a_module_filter_together(engine, tmp_path, monkeypatch):
     """An implicit selection (``*``) and an explicit one (a module's ``*:mod:``) side by
     side: each function is hooked once, at its first call, for the users that select it."""

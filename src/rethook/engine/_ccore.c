@@ -2238,13 +2238,13 @@ rethooks_work(PyObject *hook, PyObject *code, int with_frame)
  * one set of users takes every known function (-l '*'), a function's dispatch is what those
  * users share (Engine._shared_dispatch) plus its own marker or direct entry (_dispatch_of).
  * The engine hands that over (set_fast_arm) when its users are settled and takes it back
- * (None) before they change. What the template does not settle goes to the engine's arm as
+ * (None) before they change; its lock is read from it at each use. What the template does not settle goes to the engine's arm as
  * before: a function the registry does not know or that is rethook's own, code whose events
  * are set already, an empty table. The ~2.7 us (warm; ~6 cold) of Python a first call took
  * becomes ~0.5 us, most of it sys.monitoring.set_local_events (sqlglot: ~1,100 first calls). */
-enum { FA_LOCK, FA_EVENTS, FA_ENTRY, FA_GRAPH, FA_FLAGS, FA_MASK, FA_CAPSULE, FA_SET_EVENTS,
-       FA_TOOL, FA_RESTART, FA_LATE, FA_ENGINE, FA_ITEMS };
-static PyObject *s_module_attr, *s_late; /* "module", "_late" */
+enum { FA_EVENTS, FA_ENTRY, FA_GRAPH, FA_FLAGS, FA_MASK, FA_CAPSULE, FA_SET_EVENTS, FA_TOOL,
+       FA_RESTART, FA_LATE, FA_ENGINE, FA_ITEMS };
+static PyObject *s_module_attr, *s_late, *s_lock; /* "module", "_late", "_lock" */
 
 static int publish_one(PyObject *key, PyObject *dispatch);
 
@@ -2339,8 +2339,9 @@ arm_fast(PyObject *code)
         return 0;
     Py_INCREF(t);
     int r = -1, locked = 0;
-    PyObject *lock = PyTuple_GET_ITEM(t, FA_LOCK);
-    PyObject *key = PyLong_FromVoidPtr(code);
+    /* (the engine's lock read each time: a fork's child gets a new one, forklocks.py) */
+    PyObject *lock = PyObject_GetAttr(PyTuple_GET_ITEM(t, FA_ENGINE), s_lock);
+    PyObject *key = lock ? PyLong_FromVoidPtr(code) : NULL;
     PyObject *got = key ? PyObject_CallMethodOneArg(lock, s_acquire, Py_False) : NULL;
     if (got != NULL) {
         locked = got == Py_True;
@@ -2369,6 +2370,7 @@ arm_fast(PyObject *code)
         Py_XDECREF(res);
     }
     Py_XDECREF(key);
+    Py_XDECREF(lock);
     Py_DECREF(t);
     return r;
 }
@@ -3612,7 +3614,7 @@ set_fast_arm(PyObject *Py_UNUSED(module), PyObject *arg)
          !PyLong_Check(PyTuple_GET_ITEM(arg, FA_FLAGS)) ||
          !PyLong_Check(PyTuple_GET_ITEM(arg, FA_MASK)))) {
         PyErr_SetString(PyExc_TypeError,
-                        "set_fast_arm((lock, events, entry, graph, flags, mask, capsule, "
+                        "set_fast_arm((events, entry, graph, flags, mask, capsule, "
                         "set_local_events, tool_id, restart_events, hook_late, engine)) or None");
         return NULL;
     }
@@ -3944,7 +3946,8 @@ PyInit__ccore(void)
         (own_package = PyObject_GetAttrString(core_mod, "OWN_PACKAGE")) == NULL ||
         (s_name = PyUnicode_InternFromString("__name__")) == NULL ||
         (s_module_attr = PyUnicode_InternFromString("module")) == NULL ||
-        (s_late = PyUnicode_InternFromString("_late")) == NULL)
+        (s_late = PyUnicode_InternFromString("_late")) == NULL ||
+        (s_lock = PyUnicode_InternFromString("_lock")) == NULL)
         return NULL;
     if (!PyUnicode_Check(own_package) ||
         (own_prefix = PyUnicode_FromFormat("%U.", own_package)) == NULL) {

@@ -618,7 +618,7 @@ class Engine:
         if parts is None:
             parts = self._shared[(0,)] = self._shared_dispatch(users)
         entry, graph, flags, mask, capsule = parts
-        set_fast_arm((self._lock, self._events, entry, graph, flags, mask, capsule,
+        set_fast_arm((self._events, entry, graph, flags, mask, capsule,
                       sys.monitoring.set_local_events, self.tool_id,
                       sys.monitoring.restart_events, self._hook_late, self))
 
