@@ -2177,10 +2177,9 @@ gen_direct_resume(PyThreadState *tstate, PyObject *ts, PyObject *frame, PyObject
 
 static PyObject *on_start(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
-/* Whether the code whose PY_START this is belongs to rethook's own modules (core.py's
- * is_own_module(), by its globals' __name__): 1, 0, or -1 with an error. */
+/* core.is_own_module(name), for any object: 1, 0, or -1 with an error. */
 static int
-is_own_name(PyObject *name) /* core.is_own_module(name), for any object: 1, 0 or -1 */
+is_own_name(PyObject *name)
 {
     if (!PyUnicode_Check(name))
         return 0;
@@ -2192,6 +2191,8 @@ is_own_name(PyObject *name) /* core.is_own_module(name), for any object: 1, 0 or
     return r < 0 ? -1 : (int)r;
 }
 
+/* Whether the code whose PY_START this is belongs to rethook's own modules (by its globals'
+ * __name__): 1, 0, or -1 with an error. */
 static int
 own_code(void)
 {
@@ -2207,9 +2208,8 @@ own_code(void)
 static PyObject *on_start(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
 /* hook(code), or hook(code, frame) with the program's frame, or hook() (code NULL), as
- * rethook's own work: the thread
- * marked busy meanwhile, so what the hook runs is not discovered as the program's, and a
- * signal handler that finishes the trace waits (exits.py). A new reference, or NULL with an
+ * rethook's own work: the thread marked busy meanwhile, so what the hook runs is not
+ * discovered as the program's, and a signal handler that finishes the trace waits (exits.py). A new reference, or NULL with an
  * error set (core.py's _rethooks_work). */
 static PyObject *
 rethooks_work(PyObject *hook, PyObject *code, int with_frame)
@@ -2238,9 +2238,9 @@ rethooks_work(PyObject *hook, PyObject *code, int with_frame)
  * one set of users takes every known function (-l '*'), a function's dispatch is what those
  * users share (Engine._shared_dispatch) plus its own marker or direct entry (_dispatch_of).
  * The engine hands that over (set_fast_arm) when its users are settled and takes it back
- * (None) before they change; its lock is read from it at each use. What the template does not settle goes to the engine's arm as
- * before: a function the registry does not know or that is rethook's own, code whose events
- * are set already, an empty table. The ~2.7 us (warm; ~6 cold) of Python a first call took
+ * (None) before they change; its lock is read from it at each use. What the template does
+ * not settle goes to the engine's arm as before: a function the registry does not know or
+ * that is rethook's own, code whose events are set already, an empty table. The ~2.7 us (warm; ~6 cold) of Python a first call took
  * becomes ~0.5 us, most of it sys.monitoring.set_local_events (sqlglot: ~1,100 first calls). */
 enum { FA_EVENTS, FA_ENTRY, FA_GRAPH, FA_FLAGS, FA_MASK, FA_CAPSULE, FA_SET_EVENTS, FA_TOOL,
        FA_RESTART, FA_LATE, FA_ENGINE, FA_ITEMS };

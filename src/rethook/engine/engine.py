@@ -614,10 +614,7 @@ class Engine:
         if len(users) != 1 or type(self._selection.get(users[0][0])) is not _EveryRegistered:
             set_fast_arm(None)
             return
-        parts = self._shared.get((0,))
-        if parts is None:
-            parts = self._shared[(0,)] = self._shared_dispatch(users)
-        entry, graph, flags, mask, capsule = parts
+        entry, graph, flags, mask, capsule = self._shared_parts((0,), users)
         set_fast_arm((self._events, entry, graph, flags, mask, capsule,
                       sys.monitoring.set_local_events, self.tool_id,
                       sys.monitoring.restart_events, self._hook_late, self))
@@ -736,9 +733,7 @@ class Engine:
         out = {}
         for key, code in codes.items():
             who = selected_by.get(key, (0,))
-            parts = shared.get(who)
-            if parts is None:
-                parts = shared[who] = self._shared_dispatch([users[i] for i in who])
+            parts = self._shared_parts(who, users, shared)
             dispatch = _dispatch_of(code, parts)
             _, _, _, marker, direct = dispatch
             if marker is None and direct is None:  # nothing of its own: share one tuple
@@ -768,11 +763,19 @@ class Engine:
             who = tuple(i for i, (ops, _, _) in enumerate(users) if key in self._selection[ops])
         if not who:
             return None
-        parts = self._shared.get(who)
-        if parts is None:
-            parts = self._shared[who] = self._shared_dispatch([users[i] for i in who])
+        parts = self._shared_parts(who, users)
         _, _, _, mask, _ = parts
         return mask, _dispatch_of(code, parts)
+
+    def _shared_parts(self, who: tuple[int, ...], users: list[tuple[_Ops, Any, bool]],
+                      shared: dict[tuple[int, ...], tuple] | None = None) -> tuple:
+        """What the users of indices ``who`` share, worked out once per set of users: kept in
+        ``shared`` (default: until the users change, ``_shared``)."""
+        shared = self._shared if shared is None else shared
+        parts = shared.get(who)
+        if parts is None:
+            parts = shared[who] = self._shared_dispatch([users[i] for i in who])
+        return parts
 
     def _shared_dispatch(self, users: list[tuple[_Ops, Any, bool]]) -> tuple:
         """What the dispatch of every code these users select shares: ``(entry users, graph

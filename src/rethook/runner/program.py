@@ -238,9 +238,9 @@ def package_loaders(top: str) -> Iterator[tuple[str, Any]]:
 
 def _submodule_names(locations: list[str]) -> list[str]:
     """Names of the modules and packages in a package's directories (pkgutil's rule)."""
-    names: dict[str, None] = {}
     import importlib.machinery  # (loaded by now: _find_spec)
 
+    names: dict[str, None] = {}
     suffixes = tuple(importlib.machinery.all_suffixes())
     for where in locations:
         try:

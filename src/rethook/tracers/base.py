@@ -40,24 +40,25 @@ _repr: Any = None  # made at the first use: reprlib is not loaded at start-up (~
 
 
 def bounded_reprs() -> Any:
-    """The limits of the reprs recorded for return values and arguments (a tracer that
-    records them calls this as it starts, not in its first handler)."""
+    """The limits of the reprs recorded for return values and arguments, made once (a tracer
+    that records them calls this as it starts, not in its first handler)."""
     global _repr
-    import reprlib
+    if _repr is None:
+        import reprlib
 
-    r = reprlib.Repr()
-    r.maxstring = 60
-    r.maxother = 60
-    r.maxlong = 40
-    r.maxlevel = 3
-    _repr = r
-    return r
+        r = reprlib.Repr()
+        r.maxstring = 60
+        r.maxother = 60
+        r.maxlong = 40
+        r.maxlevel = 3
+        _repr = r
+    return _repr
 
 
 def bounded_repr(value: Any) -> str:
     """A short repr that never raises (the traced program's __repr__ may)."""
     try:
-        return (_repr or bounded_reprs()).repr(value)
+        return bounded_reprs().repr(value)
     except Exception as e:  # noqa: BLE001 - any failure of user code is reported, not raised
         return f"<repr failed: {type(e).__name__}>"
 
